@@ -1,0 +1,110 @@
+"""The one module that imports TensorFlow's private APIs.
+
+A custom `tf.distribute.Strategy` and cross-process collectives cannot be built
+from TensorFlow's public API alone. Everything private that tfdist needs is
+imported here, so that a TensorFlow upgrade touches this file only.
+"""
+
+from tensorflow.core.protobuf import cluster_pb2
+from tensorflow.core.protobuf import tensorflow_server_pb2
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import one_device_strategy
+from tensorflow.python.distribute import reduce_util
+from tensorflow.python.eager import context
+from tensorflow.python.framework import random_seed
+from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import resource_variable_ops
+
+OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
+OneDeviceExtended = one_device_strategy.OneDeviceExtended
+ReplicaContext = distribute_lib.ReplicaContext
+ReduceOp = reduce_util.ReduceOp
+ResourceVariable = resource_variable_ops.ResourceVariable
+
+all_reduce_v2 = collective_ops.all_reduce_v2
+all_gather_v2 = collective_ops.all_gather_v2
+broadcast_send_v2 = collective_ops.broadcast_send_v2
+broadcast_recv_v2 = collective_ops.broadcast_recv_v2
+
+
+def in_replica_context_of(extended):
+    """True inside `extended`'s replica context (i.e. inside `strategy.run`)."""
+    ctx = distribute_lib.get_replica_context()
+    return ctx is not None and ctx.strategy.extended is extended
+
+
+def start_collective_server(worker_addresses, rank, leader_rank=0):
+    """Start this process's gRPC server and enable cross-process collectives.
+
+    The cluster is a single job named "worker" with one task per training
+    process; collectives are led by `leader_rank` (group resolution happens
+    there). Must be called once, before any collective op runs.
+    """
+    cluster = cluster_pb2.ClusterDef()
+    job = cluster.job.add(name="worker")
+    for index, address in enumerate(worker_addresses):
+        job.tasks[index] = address
+    port = int(worker_addresses[rank].rsplit(":", 1)[1])
+    ctx = context.context()
+    ctx.configure_collective_ops(
+        collective_leader=f"/job:worker/replica:0/task:{leader_rank}",
+        scoped_allocator_enabled_ops=("CollectiveReduce",),
+        device_filters=(f"/job:worker/task:{rank}",),
+    )
+    server_def = tensorflow_server_pb2.ServerDef(
+        cluster=cluster,
+        default_session_config=ctx.config,
+        job_name="worker",
+        task_index=rank,
+        protocol="grpc",
+        port=port,
+    )
+    ctx.enable_collective_ops(server_def)
+    ctx.ensure_initialized()
+
+
+def check_peer_health(task_name, timeout_seconds):
+    """Raise a `tf.errors.OpError` if the collective peer `task_name` is down."""
+    context.context().check_collective_ops_peer_health(
+        task_name, timeout_in_ms=int(timeout_seconds * 1000)
+    )
+
+
+def abort_collectives(code, message):
+    """Make every pending and future collective in this process fail with `message`."""
+    context.context().abort_collective_ops(code, message)
+
+
+def global_seed_is_set():
+    """True when the user set a TensorFlow global seed (`tf.random.set_seed`)."""
+    return random_seed.get_seed(None)[0] is not None
+
+
+def distributed_dataset_from_function(extended, dataset_fn, input_context, options):
+    """A `DistributedDataset` built by `dataset_fn(input_context)` on this process."""
+    from tensorflow.python.distribute import input_util
+
+    return input_util.get_distributed_datasets_from_function(
+        dataset_fn,
+        extended._input_workers_with_options(options),  # pylint: disable=protected-access
+        [input_context],
+        extended._container_strategy(),  # pylint: disable=protected-access
+        options=options,
+    )
+
+
+def static_batch_size(dataset):
+    """The batch size of a batched `dataset` (a scalar tensor, -1 if unknown)."""
+    from tensorflow.python.data.experimental.ops import distribute as data_distribute
+
+    return data_distribute.compute_batch_size(dataset)
+
+
+def auto_shard_dataset(dataset, input_context):
+    """tf.data's auto-sharding (by file where the policy and pipeline allow)."""
+    from tensorflow.python.distribute import input_ops
+
+    return input_ops.auto_shard_dataset(
+        dataset, input_context.num_input_pipelines, input_context.input_pipeline_id,
+        input_context.num_replicas_in_sync,
+    )

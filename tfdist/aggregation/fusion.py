@@ -1,0 +1,54 @@
+"""Tensor fusion: pack many tensors into few flat buffers and unpack them.
+
+Per-collective latency dominates for the many small gradients of a model, so
+aggregators all-reduce a handful of fused buffers instead of one tensor per
+variable (Horovod's "tensor fusion", PyTorch DDP's "buckets"). Tensors are
+grouped by dtype, in order, into buckets of at most `bucket_bytes` (a single
+larger tensor forms a bucket of its own).
+
+Cost: one concat and one split per bucket (memory traffic 2n), in exchange
+for (number of tensors - number of buckets) fewer collective latencies.
+"""
+
+import tensorflow as tf
+
+DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+
+
+class FusionPlan:
+    """How `tensors` were packed: buckets of (dtype, [(index, shape, size)])."""
+
+    def __init__(self, tensors, bucket_bytes=DEFAULT_BUCKET_BYTES):
+        self.count = len(tensors)
+        self.buckets = []
+        open_bucket = {}  # dtype -> (entries, bytes so far)
+        for index, tensor in enumerate(tensors):
+            size = tensor.shape.num_elements()
+            if size is None:
+                raise ValueError(
+                    f"tfdist fusion needs static shapes; tensor {index} has shape {tensor.shape}."
+                )
+            nbytes = size * tensor.dtype.size
+            entries, used = open_bucket.get(tensor.dtype, (None, 0))
+            if entries is None or used + nbytes > bucket_bytes:
+                entries, used = [], 0
+                self.buckets.append((tensor.dtype, entries))
+            entries.append((index, tensor.shape, size))
+            open_bucket[tensor.dtype] = (entries, used + nbytes)
+
+    def pack(self, tensors):
+        """One flat tensor per bucket."""
+        return [
+            tf.concat([tf.reshape(tensors[i], [-1]) for i, _, _ in entries], axis=0)
+            if len(entries) > 1 else tf.reshape(tensors[entries[0][0]], [-1])
+            for _, entries in self.buckets
+        ]
+
+    def unpack(self, flats):
+        """Inverse of `pack` (on reduced buffers): the tensors in original order."""
+        out = [None] * self.count
+        for flat, (_, entries) in zip(flats, self.buckets):
+            pieces = tf.split(flat, [size for _, _, size in entries]) if len(entries) > 1 else [flat]
+            for piece, (index, shape, _) in zip(pieces, entries):
+                out[index] = tf.reshape(piece, shape)
+        return out

@@ -1,0 +1,1 @@
+"""Keras 3 callbacks for distributed and large-batch training."""

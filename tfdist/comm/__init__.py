@@ -1,0 +1,1 @@
+"""Adapters over existing communication engines (TensorFlow collectives; Horovod later)."""

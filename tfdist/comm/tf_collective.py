@@ -1,0 +1,214 @@
+"""Cross-process collectives over TensorFlow's collective ops (gRPC runtime).
+
+Each training process runs one TensorFlow gRPC server (task `/job:worker/task:R`);
+`CollectiveReduceV2`, `CollectiveGatherV2` and `CollectiveBcastSend/RecvV2`
+then move tensors between processes, in eager mode and inside `tf.function`
+alike. On CPU the reduction is TensorFlow's ring algorithm.
+
+Instance keys (which op on one rank matches which op on another) are drawn
+from a per-process counter *when a function is called*, not when it is traced
+(`FuncGraph.capture_call_time_value`, the mechanism MultiWorkerMirroredStrategy
+uses): ranks that trace at different moments still agree, as long as they
+issue the same collectives in the same order, which data-parallel training
+does.
+
+Failure handling: every collective carries the job timeout; a monitor thread
+probes every peer's server and, when one stops answering, aborts all pending
+collectives of this process with a message naming that peer, so a dead peer
+shows up in seconds instead of after the timeout.
+"""
+
+import atexit
+import threading
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist import _tf
+from tfdist.errors import ClusterError
+from tfdist.launch.ports import port_is_free
+
+WORLD_GROUP_KEY = 1
+FIRST_INSTANCE_KEY = 100
+HEALTH_CHECK_INTERVAL_SECONDS = 2.0
+HEALTH_CHECK_FAILURES_BEFORE_ABORT = 2
+_UNREACHABLE = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.FailedPreconditionError)
+
+
+def task_name(rank):
+    return f"/job:worker/replica:0/task:{rank}"
+
+
+class CollectiveCommunicator:
+    """All-reduce, all-gather and broadcast among all training processes.
+
+    Create at most one per process (see `tfdist.runtime`): it starts this
+    process's TensorFlow server, waits up to `cluster.timeout` seconds for
+    every peer, and then keeps watching them.
+    """
+
+    def __init__(self, cluster):
+        self.rank = cluster.rank
+        self.world_size = cluster.world_size
+        self.addresses = tuple(cluster.worker_addresses)
+        self.timeout = float(cluster.timeout)
+        self.device = task_name(self.rank) + "/device:CPU:0"
+        self._next_key = FIRST_INSTANCE_KEY
+        self._key_lock = threading.Lock()
+        self._monitor_stop = threading.Event()
+        if len(self.addresses) != self.world_size:
+            raise ClusterError(
+                f"tfdist rank {self.rank}: {len(self.addresses)} worker addresses for "
+                f"{self.world_size} processes; cannot form the group."
+            )
+        self._start_server()
+        self._rendezvous()
+        self._monitor = threading.Thread(target=self._watch_peers, daemon=True,
+                                         name="tfdist-peer-monitor")
+        self._monitor.start()
+        atexit.register(self.stop_monitor)
+
+    # ------------------------------------------------------------------ setup
+    def _start_server(self):
+        address = self.addresses[self.rank]
+        port = int(address.rsplit(":", 1)[1])
+        if not port_is_free(port, host=""):
+            raise ClusterError(
+                f"tfdist rank {self.rank}: cannot listen on {address}: port {port} is already "
+                "in use (another job, or a stale process?)."
+            )
+        try:
+            _tf.start_collective_server(self.addresses, self.rank)
+        except Exception as e:  # TF raises bare UnknownError/RuntimeError here
+            raise ClusterError(
+                f"tfdist rank {self.rank}: could not start the TensorFlow server on {address}: {e}"
+            ) from e
+
+    def _rendezvous(self):
+        """Wait until every peer's server answers, then pass one barrier."""
+        deadline = time.monotonic() + self.timeout
+        for peer in range(self.world_size):
+            if peer == self.rank:
+                continue
+            while True:
+                try:
+                    _tf.check_peer_health(task_name(peer), timeout_seconds=2.0)
+                    break
+                except _UNREACHABLE:
+                    if time.monotonic() > deadline:
+                        raise ClusterError(
+                            f"tfdist rank {self.rank}: rank {peer} ({self.addresses[peer]}) did "
+                            f"not come up within the {self.timeout:g} s timeout."
+                        ) from None
+                    time.sleep(0.2)
+        try:
+            self.barrier()
+        except tf.errors.OpError as e:
+            raise ClusterError(
+                f"tfdist rank {self.rank}: the start-up barrier failed: {e.message}"
+            ) from None
+        logging.info("tfdist rank %d: %d processes connected", self.rank, self.world_size)
+
+    def _watch_peers(self):
+        failures = {}
+        while not self._monitor_stop.wait(HEALTH_CHECK_INTERVAL_SECONDS):
+            for peer in range(self.world_size):
+                if peer == self.rank or self._monitor_stop.is_set():
+                    continue
+                try:
+                    _tf.check_peer_health(task_name(peer), timeout_seconds=5.0)
+                    failures[peer] = 0
+                except _UNREACHABLE as e:
+                    failures[peer] = failures.get(peer, 0) + 1
+                    if failures[peer] < HEALTH_CHECK_FAILURES_BEFORE_ABORT:
+                        continue
+                    if self._monitor_stop.is_set():
+                        return
+                    message = (
+                        f"tfdist rank {self.rank}: peer rank {peer} ({self.addresses[peer]}) "
+                        f"is unreachable, it has probably died: {e.message.splitlines()[0]}"
+                    )
+                    logging.error("%s; aborting collectives", message)
+                    _tf.abort_collectives(tf.errors.UNAVAILABLE, message)
+                    return
+                except Exception as e:  # pylint: disable=broad-except
+                    logging.warning("tfdist peer monitor: unexpected error: %s", e)
+
+    def stop_monitor(self):
+        """Stop watching peers (at exit: peers finishing first is not a failure)."""
+        self._monitor_stop.set()
+
+    # ------------------------------------------------------------------ keys
+    def _take_key(self):
+        with self._key_lock:
+            key = self._next_key
+            self._next_key += 1
+        with tf.device("CPU:0"):
+            return tf.constant(key, dtype=tf.int32)
+
+    def instance_key(self):
+        """A fresh instance key, drawn when the enclosing function is called."""
+        graph = tf.compat.v1.get_default_graph()
+        while getattr(graph, "is_control_flow_graph", False):
+            graph = graph.outer_graph
+        if not tf.executing_eagerly() and graph.building_function:
+            with graph.as_default():
+                return graph.capture_call_time_value(
+                    self.instance_key, tf.TensorSpec([], tf.int32)
+                )
+        return self._take_key()
+
+    # ------------------------------------------------------------ collectives
+    def all_reduce(self, tensor, group_size=None, group_key=WORLD_GROUP_KEY):
+        """Element-wise sum of `tensor` over the group (every rank gets it)."""
+        with tf.device(self.device):
+            return _tf.all_reduce_v2(
+                tensor, group_size or self.world_size, group_key, self.instance_key(),
+                communication_hint="ring", timeout=self.timeout,
+            )
+
+    def all_gather(self, tensor):
+        """Concatenate every rank's `tensor` along axis 0, in rank order.
+
+        Ranks may hold different numbers of rows: rows are padded to the
+        largest count for the exchange and the padding is dropped after.
+        """
+        tensor = tf.convert_to_tensor(tensor)
+        with tf.device(self.device):
+            rows = tf.shape(tensor, out_type=tf.int32)[:1]
+            all_rows = self._gather_equal(rows)
+            max_rows = tf.reduce_max(all_rows)
+            padding = [[0, max_rows - rows[0]]] + [[0, 0]] * (tensor.shape.rank - 1)
+            gathered = self._gather_equal(tf.pad(tensor, padding))
+            starts = tf.range(self.world_size, dtype=tf.int32) * max_rows
+            keep = tf.ragged.range(starts, starts + all_rows).flat_values
+            return tf.gather(gathered, keep)
+
+    def _gather_equal(self, tensor):
+        return _tf.all_gather_v2(
+            tensor, self.world_size, WORLD_GROUP_KEY, self.instance_key(),
+            communication_hint="ring", timeout=self.timeout,
+        )
+
+    def broadcast(self, tensor, root=0):
+        """Every rank gets `root`'s `tensor` (same shape and dtype on all ranks)."""
+        tensor = tf.convert_to_tensor(tensor)
+        key = self.instance_key()
+        with tf.device(self.device):
+            if self.rank == root:
+                send = _tf.broadcast_send_v2(
+                    tensor, self.world_size, WORLD_GROUP_KEY, key,
+                    communication_hint="ring", timeout=self.timeout,
+                )
+                with tf.control_dependencies([send]):
+                    return tf.identity(tensor)
+            return _tf.broadcast_recv_v2(
+                tf.shape(tensor), tensor.dtype, self.world_size, WORLD_GROUP_KEY, key,
+                communication_hint="ring", timeout=self.timeout,
+            )
+
+    def barrier(self):
+        """Return once every rank has called `barrier` (eager)."""
+        self.all_reduce(tf.zeros([1])).numpy()

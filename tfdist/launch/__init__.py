@@ -1,0 +1,1 @@
+"""`tfdist-run`, the local multi-process launcher (see `tfdist.launch.cli`)."""

@@ -1,0 +1,5 @@
+import sys
+
+from tfdist.launch.cli import main
+
+sys.exit(main())

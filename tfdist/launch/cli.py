@@ -1,0 +1,122 @@
+"""`tfdist-run`: start a multi-process tfdist job on this machine.
+
+    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] python train.py args...
+
+Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
+each with the environment `tfdist.cluster.discover` reads. Every flag can also
+be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
+`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`). The exit code is 0 when every rank
+exits 0, otherwise that of the first process to fail (the others are
+terminated and the failing rank is named).
+"""
+
+import argparse
+import os
+import sys
+
+from tfdist import cluster as cluster_lib
+from tfdist.launch import ports as ports_lib
+from tfdist.launch import processes
+
+HOST = "127.0.0.1"
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="tfdist-run",
+        description="Run a tfdist training script as several local processes.",
+    )
+    parser.add_argument(
+        "-np", "--num-proc", dest="num_proc", type=int,
+        default=int(os.environ.get("TFDIST_NP", 1)),
+        help="number of training processes (env TFDIST_NP, default 1)",
+    )
+    parser.add_argument(
+        "--num-servers", type=int, default=int(os.environ.get("TFDIST_NUM_SERVERS", 0)),
+        help="number of dedicated parameter-server processes (env TFDIST_NUM_SERVERS)",
+    )
+    parser.add_argument(
+        "--timeout", type=float,
+        default=float(os.environ.get(cluster_lib.ENV_TIMEOUT, cluster_lib.DEFAULT_TIMEOUT_SECONDS)),
+        help="seconds any rank may wait for a peer (env TFDIST_TIMEOUT, default 300)",
+    )
+    parser.add_argument(
+        "--port-base", type=int,
+        default=int(os.environ["TFDIST_PORT_BASE"]) if os.environ.get("TFDIST_PORT_BASE") else None,
+        help="first of the consecutive ports to use (env TFDIST_PORT_BASE; default: free ports)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return parser
+
+
+def validate(args, parser):
+    if args.num_proc < 1:
+        parser.error(f"-np must be >= 1. Got: {args.num_proc}")
+    if args.num_servers < 0:
+        parser.error(f"--num-servers must be >= 0. Got: {args.num_servers}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive. Got: {args.timeout}")
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given (e.g. tfdist-run -np 2 python train.py)")
+
+
+def job_environments(num_proc, num_servers, timeout, port_list, base_env):
+    """The environment of every process: [(label, env)], workers first."""
+    workers = [f"{HOST}:{p}" for p in port_list[:num_proc]]
+    servers = [f"{HOST}:{p}" for p in port_list[num_proc:]]
+    common = dict(base_env)
+    for stale in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE"):
+        common.pop(stale, None)
+    common.update({
+        cluster_lib.ENV_WORLD_SIZE: str(num_proc),
+        cluster_lib.ENV_WORKER_ADDRESSES: ",".join(workers),
+        cluster_lib.ENV_SERVER_ADDRESSES: ",".join(servers),
+        cluster_lib.ENV_TIMEOUT: str(timeout),
+        "PYTHONUNBUFFERED": "1",
+    })
+    envs = []
+    for rank in range(num_proc):
+        env = dict(common)
+        env.update({
+            cluster_lib.ENV_ROLE: cluster_lib.ROLE_WORKER,
+            cluster_lib.ENV_RANK: str(rank),
+            cluster_lib.ENV_LOCAL_RANK: str(rank),
+        })
+        envs.append((str(rank), env))
+    for index in range(num_servers):
+        env = dict(common)
+        env.update({
+            cluster_lib.ENV_ROLE: cluster_lib.ROLE_SERVER,
+            cluster_lib.ENV_SERVER_INDEX: str(index),
+        })
+        env.pop(cluster_lib.ENV_RANK, None)
+        envs.append((f"s{index}", env))
+    return envs
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    validate(args, parser)
+    try:
+        port_list = ports_lib.pick_ports(args.num_proc + args.num_servers, args.port_base, HOST)
+    except OSError as e:
+        print(f"tfdist-run: {e}", file=sys.stderr)
+        return 1
+    group = processes.ProcessGroup()
+    group.forward_signals()
+    envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
+    try:
+        for label, env in envs:
+            group.start(label, args.command, env)
+    except OSError as e:
+        print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
+        group.terminate_all()
+        return 127
+    return group.wait(workers=[str(r) for r in range(args.num_proc)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Start the local processes of a job, relay their output, and stop them together.
+
+Each child runs in its own session (so a signal reaches its whole process
+tree) and asks the kernel to SIGTERM it if the launcher dies, so that no
+orphan outlives `tfdist-run`. Output lines are prefixed with the process's
+label ("[0]", "[1]", ..., "[s0]" for servers).
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1
+TERMINATE_GRACE_SECONDS = 10.0
+
+
+def _die_with_parent():
+    """preexec_fn: new session + SIGTERM when the launcher exits (Linux)."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the launcher's own signal handling still applies
+        pass
+
+
+class ManagedProcess:
+    """One child process whose output is relayed line by line with a label."""
+
+    def __init__(self, label, command, env, output=None):
+        self.label = label
+        self._output = output or sys.stdout
+        self.popen = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        self._relay = threading.Thread(target=self._relay_output, daemon=True)
+        self._relay.start()
+
+    def _relay_output(self):
+        prefix = f"[{self.label}] ".encode()
+        out = getattr(self._output, "buffer", None)
+        for line in iter(self.popen.stdout.readline, b""):
+            if out is not None:
+                out.write(prefix + line)
+                out.flush()
+            else:
+                self._output.write((prefix + line).decode(errors="replace"))
+                self._output.flush()
+
+    def finish_relay(self, timeout=5.0):
+        self._relay.join(timeout)
+
+    def poll(self):
+        return self.popen.poll()
+
+    def signal_group(self, signum):
+        try:
+            os.killpg(self.popen.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def describe(label):
+    """'rank 2' for a worker labelled "2", 'server 0' for "s0"."""
+    return f"server {label[1:]}" if label.startswith("s") else f"rank {label}"
+
+
+def exit_code_of(returncode):
+    """Shell convention: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ProcessGroup:
+    """All processes of a job; the job fails as soon as any process fails."""
+
+    def __init__(self, log=None):
+        self.processes = []
+        self._log = log or (lambda msg: print(f"tfdist-run: {msg}", file=sys.stderr, flush=True))
+        self._stop_signal = None
+
+    def start(self, label, command, env):
+        self.processes.append(ManagedProcess(label, command, env))
+
+    def forward_signals(self):
+        """Relay SIGINT/SIGTERM to every child instead of dying silently."""
+
+        def handler(signum, _frame):
+            self._stop_signal = signum
+            self._log(f"received {signal.Signals(signum).name}, stopping all processes")
+            for proc in self.processes:
+                proc.signal_group(signum)
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def wait(self, workers, poll_interval=0.1):
+        """Wait until the workers finish; return the job's exit code.
+
+        `workers` are the labels that must all exit 0 for success; the other
+        processes (servers) are stopped once the workers are done. The first
+        non-zero exit stops everyone and becomes the job's exit code.
+        """
+        workers = set(workers)
+        while True:
+            failed = None
+            for proc in self.processes:
+                code = proc.poll()
+                if code is not None and code != 0 and failed is None:
+                    failed = proc
+            if failed is not None:
+                code = exit_code_of(failed.poll())
+                if self._stop_signal is None:
+                    self._log(
+                        f"{describe(failed.label)} exited with code {code}; "
+                        "terminating the other processes"
+                    )
+                self.terminate_all()
+                return code
+            if all(p.poll() == 0 for p in self.processes if p.label in workers):
+                self.terminate_all()
+                return 0
+            time.sleep(poll_interval)
+
+    def terminate_all(self, grace=TERMINATE_GRACE_SECONDS):
+        """SIGTERM every live process group, then SIGKILL what is left after `grace`."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.processes:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                proc.popen.wait(remaining)
+            except subprocess.TimeoutExpired:
+                proc.signal_group(signal.SIGKILL)
+                proc.popen.wait()
+        for proc in self.processes:
+            proc.signal_group(signal.SIGKILL)  # stray grandchildren in the session
+            proc.finish_relay()

@@ -1,0 +1,6 @@
+"""tf.distribute strategies for multi-process Keras 3 training."""
+
+from tfdist.strategies.data_parallel import DataParallelStrategy
+from tfdist.strategies.ring import RingAllReduceStrategy
+
+__all__ = ["DataParallelStrategy", "RingAllReduceStrategy"]

@@ -1,0 +1,243 @@
+"""`DataParallelStrategy`: one replica per process, gradients summed by an aggregator.
+
+This is the base of every tfdist strategy. It is a `tf.distribute.Strategy`
+(a `OneDeviceStrategy` whose replica count is the number of processes), so
+Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
+
+* Keras scales the loss by 1 / num_replicas_in_sync and asks the strategy to
+  SUM the gradients; the sum goes through the pluggable `Aggregator`, so the
+  update equals single-process SGD on the global batch.
+* `experimental_distribute_dataset` gives each process its slice of every
+  global batch (`sharding.shard_global_batch`).
+* Variables created under `scope()` start from rank 0's value (broadcast).
+* Metric state and layer statistics are made global after every step
+  (`local_state.LocalStateSync`), so logs are global and identical on all ranks.
+* `predict` outputs are gathered in rank order, so every rank gets all rows.
+
+Subclasses only choose the aggregator (`_make_aggregator`).
+"""
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist import _tf
+from tfdist import runtime
+from tfdist.errors import ClusterError
+from tfdist.strategies import keras_hooks
+from tfdist.strategies.local_state import LocalStateSync
+from tfdist.strategies.sharding import shard_global_batch
+
+
+def _local_device(cluster):
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return f"/device:GPU:{cluster.local_rank % len(gpus)}"
+    return "/device:CPU:0"
+
+
+class DataParallelExtended(_tf.OneDeviceExtended):
+    """The strategy's implementation (`strategy.extended`)."""
+
+    def __init__(self, container_strategy, make_aggregator):
+        self._cluster = runtime.cluster()
+        if self._cluster.is_server:
+            raise ClusterError(
+                "tfdist: this process was started as a parameter server, not a worker; "
+                "only training processes create a strategy."
+            )
+        self._communicator = runtime.communicator()
+        super().__init__(container_strategy, _local_device(self._cluster))
+        world = self._cluster.world_size
+        self._aggregator = make_aggregator(self._communicator) if world > 1 else None
+        self._local_state = (
+            LocalStateSync(self, self._all_reduce_sum, world) if world > 1 else None
+        )
+
+    # ------------------------------------------------------------- topology
+    @property
+    def _num_replicas_in_sync(self):
+        return self._cluster.world_size
+
+    @property
+    def should_checkpoint(self):
+        return self._cluster.is_chief
+
+    @property
+    def should_save_summary(self):
+        return self._cluster.is_chief
+
+    # ------------------------------------------------------------ variables
+    def _create_variable(self, next_creator, **kwargs):
+        if self._communicator is None:
+            return super()._create_variable(next_creator, **kwargs)
+        if kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ:
+            kwargs["initial_value"] = self._broadcast_initial_value(kwargs)
+        variable = super()._create_variable(next_creator, **kwargs)
+        return self._local_state.track(variable)
+
+    def _broadcast_initial_value(self, kwargs):
+        initial_value = kwargs["initial_value"]
+        dtype = kwargs.get("dtype")
+        name = kwargs.get("name")
+        communicator = self._communicator
+
+        def from_rank_zero():
+            value = initial_value() if callable(initial_value) else initial_value
+            value = getattr(value, "wrapped_value", value)  # CheckpointInitialValue
+            value = tf.convert_to_tensor(value, dtype=dtype)
+            with tf.init_scope():
+                return self._checked_broadcast(communicator, value, name)
+
+        return from_rank_zero
+
+    def _checked_broadcast(self, communicator, value, name):
+        """Broadcast from rank 0, failing clearly if ranks built different variables."""
+        rank = communicator.rank
+        signature = tf.constant([value.shape.rank] + value.shape.as_list()
+                                + [value.dtype.as_datatype_enum], dtype=tf.int64)
+        signature = tf.pad(signature, [[0, 16 - tf.size(signature)]])
+        root_signature = communicator.broadcast(signature)
+        if not bool(tf.reduce_all(tf.equal(root_signature, signature))):
+            raise ValueError(
+                f"tfdist rank {rank}: variable {name!r} has shape {value.shape} and dtype "
+                f"{value.dtype.name} here but a different shape or dtype on rank 0 "
+                "(root signature "
+                f"{root_signature.numpy().tolist()}): every rank must build the same model."
+            )
+        return communicator.broadcast(value)
+
+    # ---------------------------------------------------------- reductions
+    def _all_reduce_sum(self, values):
+        return self._aggregator.all_reduce(values)
+
+    def _all_reduce(self, reduce_op, values):
+        if self._aggregator is None:
+            return list(values)
+        dense = [tf.convert_to_tensor(v) for v in values]
+        summed = self._aggregator.all_reduce(dense)
+        if reduce_op == _tf.ReduceOp.MEAN:
+            summed = [s / tf.cast(self._cluster.world_size, s.dtype) for s in summed]
+        return summed
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        del destinations, options
+        return self._all_reduce(reduce_op, [value])[0]
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        del options
+        return self._all_reduce(reduce_op, [v for v, _ in value_destination_pairs])
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        del destinations, options
+        if self._communicator is None:
+            return value
+        value = tf.convert_to_tensor(value)
+        if axis == 0:
+            return self._communicator.all_gather(value)
+        perm = [axis] + [i for i in range(value.shape.rank) if i != axis]
+        gathered = self._communicator.all_gather(tf.transpose(value, perm))
+        inverse = [perm.index(i) for i in range(value.shape.rank)]
+        return tf.transpose(gathered, inverse)
+
+    # --------------------------------------------------------------- input
+    def _experimental_distribute_dataset(self, dataset, options):
+        cluster = self._cluster
+        policy = dataset.options().experimental_distribute.auto_shard_policy
+        if cluster.world_size > 1 and policy == tf.data.experimental.AutoShardPolicy.FILE:
+            context = tf.distribute.InputContext(cluster.world_size, cluster.rank,
+                                                 cluster.world_size)
+            return self._distribute_datasets_from_function(
+                lambda _: _shard_files(dataset, context), options
+            )
+        sharded = shard_global_batch(dataset, cluster.rank, cluster.world_size)
+        return super()._experimental_distribute_dataset(sharded, options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        cluster = self._cluster
+        context = tf.distribute.InputContext(cluster.world_size, cluster.rank, cluster.world_size)
+        return _tf.distributed_dataset_from_function(self, dataset_fn, context, options)
+
+    # ---------------------------------------------------------------- steps
+    def _call_for_each_replica(self, fn, args, kwargs):
+        if self._communicator is None:
+            return super()._call_for_each_replica(fn, args, kwargs)
+        self._local_state.begin_step()
+        try:
+            outputs = super()._call_for_each_replica(fn, args, kwargs)
+        finally:
+            updates = self._local_state.end_step()
+        with tf.control_dependencies(updates):
+            return self._globalize_outputs(fn, outputs)
+
+    def _globalize_outputs(self, fn, outputs):
+        """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
+        model = keras_hooks.model_of_step(fn)
+        logs = keras_hooks.metric_logs_like(model, outputs) if model is not None else None
+        if logs is not None:
+            return logs
+        if keras_hooks.is_predict_step(fn):
+            return tf.nest.map_structure(self._communicator.all_gather, outputs)
+        return tf.nest.map_structure(
+            lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
+        )
+
+
+def _shard_files(dataset, context):
+    """Per-file sharding (policy FILE): this rank reads 1/P of the files in batches of B/P."""
+    global_batch = _tf.static_batch_size(dataset)
+    sharded = _tf.auto_shard_dataset(dataset, context)
+    return sharded.rebatch(global_batch // context.num_input_pipelines)
+
+
+class DataParallelStrategy(_tf.OneDeviceStrategy):
+    """Synchronous data parallelism across processes with a pluggable aggregator.
+
+    One replica per process; `num_replicas_in_sync` is the number of training
+    processes. Use a concrete subclass (`RingAllReduceStrategy`,
+    `ReductionTreeStrategy`, `ParameterServerStrategy`) or pass
+    `make_aggregator`, a callable taking the process's communicator and
+    returning a `tfdist.aggregation.Aggregator`.
+
+    Example:
+
+    ```python
+    strategy = tfdist.strategies.RingAllReduceStrategy()
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=256, epochs=3)   # 256 = global batch size
+    ```
+    """
+
+    def __init__(self, make_aggregator):
+        keras_hooks.install()
+        extended = DataParallelExtended(self, make_aggregator)
+        # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
+        super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
+        if extended._cluster.is_chief:  # pylint: disable=protected-access
+            logging.info(
+                "tfdist %s: %d process(es), aggregator %s, launched by %s",
+                type(self).__name__, self.world_size,
+                getattr(extended._aggregator, "name", "none"),  # pylint: disable=protected-access
+                extended._cluster.launcher,  # pylint: disable=protected-access
+            )
+
+    @property
+    def rank(self):
+        """Index of this training process (0 is the chief)."""
+        return self.extended._cluster.rank  # pylint: disable=protected-access
+
+    @property
+    def world_size(self):
+        """Number of training processes (= `num_replicas_in_sync`)."""
+        return self.extended._cluster.world_size  # pylint: disable=protected-access
+
+    @property
+    def is_chief(self):
+        """True on the process that prints progress and writes checkpoints."""
+        return self.extended._cluster.is_chief  # pylint: disable=protected-access
+
+    @property
+    def cluster(self):
+        """This process's `tfdist.cluster.Cluster`."""
+        return self.extended._cluster  # pylint: disable=protected-access

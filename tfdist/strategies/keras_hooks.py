@@ -1,0 +1,113 @@
+"""Where tfdist meets Keras internals: step recognition and chief-only output.
+
+Keras 3 has no notion of a chief process, so tfdist adds it where a user
+would expect it, without changes to their script:
+
+* non-chief ranks get no progress bar, and their `TensorBoard`,
+  `ModelCheckpoint` and `CSVLogger` callbacks are dropped (the chief writes
+  them); `BackupAndRestore` still restores on every rank but only the chief
+  writes and deletes backups;
+* `Model.save` / `Model.save_weights` are no-ops on non-chief ranks (every
+  rank holds the same weights; one writer avoids clobbered files).
+
+These apply only to models built under a tfdist strategy on a non-chief
+rank; everything else is untouched. `install()` is idempotent.
+"""
+
+import inspect
+
+import keras
+from absl import logging
+
+_installed = False
+_CHIEF_ONLY_WRITERS = (
+    keras.callbacks.TensorBoard,
+    keras.callbacks.ModelCheckpoint,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.ProgbarLogger,
+)
+
+
+def is_non_chief_model(model):
+    strategy = getattr(model, "_distribute_strategy", None)
+    return getattr(strategy, "is_chief", True) is False and hasattr(strategy, "world_size")
+
+
+def _unwrap(fn):
+    return inspect.unwrap(fn, stop=lambda f: hasattr(f, "__self__"))
+
+
+def model_of_step(fn):
+    """The Keras model if `fn` is its train_step/test_step, else None."""
+    fn = _unwrap(fn)
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, keras.Model) and getattr(fn, "__name__", "") in ("train_step",
+                                                                           "test_step"):
+        return owner
+    return None
+
+
+def metric_logs_like(model, outputs):
+    """The model's metric results, if the step returned logs with the same keys.
+
+    Read after tfdist made the metric state global, they are the global logs;
+    a custom step returning other keys gets None (its logs are kept as is).
+    """
+    if not isinstance(outputs, dict):
+        return None
+    logs = model.get_metrics_result()
+    return logs if set(logs) == set(outputs) else None
+
+
+def is_predict_step(fn):
+    """True for the per-batch function of Keras' `predict`."""
+    return "make_predict_function" in getattr(_unwrap(fn), "__qualname__", "")
+
+
+def _restore_only(callback):
+    """BackupAndRestore for a non-chief rank: restore, never write or delete."""
+    callback._save_model = lambda *args, **kwargs: None  # pylint: disable=protected-access
+    callback.on_train_end = lambda logs=None: None
+    return callback
+
+
+def _for_non_chief(callbacks):
+    kept = []
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, _CHIEF_ONLY_WRITERS):
+            continue
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            callback = _restore_only(callback)
+        kept.append(callback)
+    return kept
+
+
+def install():
+    """Patch Keras' CallbackList and Model.save/save_weights (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    callback_list_init = keras.callbacks.CallbackList.__init__
+
+    def init(self, callbacks=None, add_history=False, add_progbar=False, model=None, **params):
+        if model is not None and is_non_chief_model(model):
+            callbacks = _for_non_chief(callbacks)
+            add_progbar = False
+        callback_list_init(self, callbacks, add_history=add_history,
+                           add_progbar=add_progbar, model=model, **params)
+
+    keras.callbacks.CallbackList.__init__ = init
+
+    for method_name in ("save", "save_weights"):
+        original = getattr(keras.Model, method_name)
+
+        def chief_only(self, *args, _original=original, _name=method_name, **kwargs):
+            if is_non_chief_model(self):
+                logging.log_first_n(
+                    logging.INFO, "tfdist: Model.%s skipped on non-chief rank", 1, _name
+                )
+                return None
+            return _original(self, *args, **kwargs)
+
+        setattr(keras.Model, method_name, chief_only)

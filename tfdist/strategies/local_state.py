@@ -1,0 +1,129 @@
+"""Keep per-step local state (metrics, BatchNorm statistics) identical on all ranks.
+
+Inside a training or evaluation step each process updates non-trainable
+variables from its own shard of the batch: metric accumulators (Keras creates
+them `synchronization=ON_READ, aggregation=SUM`) and layer statistics such as
+BatchNormalization's moving mean. tfdist records which of them a step
+assigned and, when the step's replica function returns, makes them global in
+one fused all-reduce:
+
+* SUM-aggregated on-read variables (metrics): value = value before the step
+  + sum over ranks of this step's change. Metric state is then exactly the
+  state a single process would hold after the whole global batch, so the
+  logged loss and metrics equal a single-process run.
+* other float variables (moving statistics): value = mean over ranks.
+
+Integer variables that are not sums (random-seed states) stay local, so
+dropout masks still differ between ranks.
+
+Cost per step: one all-reduce of (number of scalars in the assigned
+variables) elements - a few bytes for metrics - whatever the number of
+metrics, plus one read per variable.
+"""
+
+import threading
+
+import tensorflow as tf
+
+from tfdist import _tf
+
+SUM = "sum"
+MEAN = "mean"
+
+
+class _TrackedAssignments:
+    """Mixin for tf.Variable: report assignments made inside a tfdist step."""
+
+    def _tfdist_note_assignment(self):
+        self._tfdist_tracker.note(self)
+
+    def assign(self, value, use_locking=None, name=None, read_value=True):
+        self._tfdist_note_assignment()
+        return super().assign(value, use_locking=use_locking, name=name, read_value=read_value)
+
+    def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+        self._tfdist_note_assignment()
+        return super().assign_add(delta, use_locking=use_locking, name=name,
+                                  read_value=read_value)
+
+    def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+        self._tfdist_note_assignment()
+        return super().assign_sub(delta, use_locking=use_locking, name=name,
+                                  read_value=read_value)
+
+
+_tracked_classes = {}
+
+
+def _tracked_class(base):
+    if base not in _tracked_classes:
+        _tracked_classes[base] = type(f"TfdistTracked{base.__name__}",
+                                      (_TrackedAssignments, base), {})
+    return _tracked_classes[base]
+
+
+def sync_kind(variable):
+    """How `variable` is made global after a step: SUM, MEAN or None (local)."""
+    on_read = variable.synchronization == tf.VariableSynchronization.ON_READ
+    if on_read and variable.aggregation == tf.VariableAggregation.SUM:
+        return SUM
+    if variable.dtype.is_floating:
+        return MEAN
+    return None
+
+
+class LocalStateSync:
+    """Tracks local-state assignments during steps and all-reduces them after.
+
+    Args:
+        extended: the strategy's extended object (assignments count only in
+            its replica context).
+        all_reduce: callable summing a list of tensors across ranks.
+        world_size: number of training processes.
+    """
+
+    def __init__(self, extended, all_reduce, world_size):
+        self._extended = extended
+        self._all_reduce = all_reduce
+        self._world_size = world_size
+        self._local = threading.local()
+
+    def track(self, variable):
+        """Make `variable` report its assignments (if it is local state at all)."""
+        if variable.trainable or sync_kind(variable) is None:
+            return variable
+        variable.__class__ = _tracked_class(type(variable))
+        variable._tfdist_tracker = self  # pylint: disable=protected-access
+        return variable
+
+    def note(self, variable):
+        step = getattr(self._local, "step", None)
+        if step is None or not _tf.in_replica_context_of(self._extended):
+            return
+        key = id(variable)
+        if key not in step:
+            before = variable.read_value() if sync_kind(variable) == SUM else None
+            step[key] = (variable, before)
+
+    def begin_step(self):
+        self._local.step = {}
+
+    def end_step(self):
+        """All-reduce what the step assigned; return the assign ops (may be empty)."""
+        step, self._local.step = self._local.step, None
+        if not step:
+            return []
+        variables, contributions = [], []
+        for variable, before in step.values():
+            current = variable.read_value()
+            if sync_kind(variable) == SUM:
+                contributions.append(current - before)
+            else:
+                contributions.append(current / tf.cast(self._world_size, current.dtype))
+            variables.append((variable, before))
+        reduced = self._all_reduce(contributions)
+        updates = []
+        for (variable, before), total in zip(variables, reduced):
+            new_value = before + total if before is not None else total
+            updates.append(tf.raw_ops.AssignVariableOp(resource=variable.handle, value=new_value))
+        return updates
