@@ -1,7 +1,21 @@
-"""tfdist: multi-process data-parallel training for Keras 3 on TensorFlow."""
+"""tfdist: multi-process data-parallel training for Keras 3 on TensorFlow.
+
+Submodules are imported on first use, so that light tools (`tfdist-run`,
+cluster parsing) start without loading TensorFlow.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
 
-from tfdist import callbacks  # noqa: E402
-from tfdist import cluster  # noqa: E402
-from tfdist import strategies  # noqa: E402
+_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "runtime", "strategies")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfdist.{name}")
+    raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_SUBMODULES))

@@ -1,8 +1,8 @@
 """Worker script: train a small Conv+Dense model; rank 0 writes weights and history.
 
-Usage: python train_equivalence.py OUT.npz [--optimizer adam|sgd] [--shuffle]
-       [--input numpy|tfdata] [--epochs N] [--batch B]
-Every rank also writes OUT.rank<R>.npz so tests can check ranks agree.
+Usage: python train_equivalence.py OUT [--configs adam,sgd_shuffle,adam_tfdata]
+Every rank writes OUT.rank<R>.npz (weights, history, evaluate and predict
+results per configuration) so tests can compare world sizes and ranks.
 """
 
 import argparse
@@ -41,35 +41,54 @@ def build_model(optimizer):
     return model
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("--optimizer", default="adam")
-    parser.add_argument("--shuffle", action="store_true")
-    parser.add_argument("--input", default="numpy")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=48)
-    args = parser.parse_args()
+CONFIGS = {
+    # name: (optimizer, shuffle, input)
+    "adam": ("adam", False, "numpy"),
+    "sgd_shuffle": ("sgd", True, "numpy"),
+    "adam_tfdata": ("adam", True, "tfdata"),
+}
 
+
+def train(strategy, optimizer, shuffle, input_kind, epochs, batch):
+    """Train one configuration from the same seed; return arrays to compare."""
     keras.utils.set_random_seed(1234)
-    strategy = tfdist.strategies.RingAllReduceStrategy()
     x, y = make_data()
     with strategy.scope():
-        model = build_model(args.optimizer)
-    if args.input == "tfdata":
-        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
-        history = model.fit(data, epochs=args.epochs, verbose=0)
+        model = build_model(optimizer)
+    if input_kind == "tfdata":
+        train_data = tf.data.Dataset.from_tensor_slices((x[:240], y[:240]))
+        if shuffle:
+            train_data = train_data.shuffle(240, seed=7)
+        val_data = tf.data.Dataset.from_tensor_slices((x[240:], y[240:])).batch(batch)
+        history = model.fit(train_data.batch(batch), epochs=epochs, verbose=0,
+                            validation_data=val_data)
     else:
-        history = model.fit(x, y, batch_size=args.batch, epochs=args.epochs,
-                            shuffle=args.shuffle, verbose=0, validation_split=1 / 6)
-    evaluation = model.evaluate(x, y, batch_size=args.batch, verbose=0, return_dict=True)
-    predictions = model.predict(x[:100], batch_size=args.batch, verbose=0)
+        history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=shuffle,
+                            verbose=0, validation_split=1 / 6)
+    evaluation = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+    predictions = model.predict(x[:100], batch_size=batch, verbose=0)
     result = {f"w{i}": w for i, w in enumerate(model.get_weights())}
     result.update({f"h_{k}": np.array(v) for k, v in history.history.items()})
     result.update({f"e_{k}": np.array(v) for k, v in evaluation.items()})
     result["predictions"] = predictions
-    np.savez(f"{args.out}.rank{strategy.rank}.npz", **result)
-    print("history", {k: [round(float(a), 5) for a in v] for k, v in history.history.items()})
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", help="output prefix; writes <out>.rank<R>.npz")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=48)
+    args = parser.parse_args()
+
+    strategy = tfdist.strategies.RingAllReduceStrategy()
+    arrays = {}
+    for name in args.configs.split(","):
+        result = train(strategy, *CONFIGS[name], args.epochs, args.batch)
+        arrays.update({f"{name}/{k}": v for k, v in result.items()})
+        print(name, "loss", [round(float(a), 5) for a in result["h_loss"]], flush=True)
+    np.savez(f"{args.out}.rank{strategy.rank}.npz", **arrays)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def job_environments(num_proc, num_servers, timeout, port_list, base_env):
         cluster_lib.ENV_WORLD_SIZE: str(num_proc),
         cluster_lib.ENV_WORKER_ADDRESSES: ",".join(workers),
         cluster_lib.ENV_SERVER_ADDRESSES: ",".join(servers),
-        cluster_lib.ENV_TIMEOUT: str(timeout),
+        cluster_lib.ENV_TIMEOUT: f"{timeout:g}",
         "PYTHONUNBUFFERED": "1",
     })
     envs = []

@@ -17,6 +17,8 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 Subclasses only choose the aggregator (`_make_aggregator`).
 """
 
+import random
+
 import tensorflow as tf
 from absl import logging
 
@@ -214,6 +216,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         extended = DataParallelExtended(self, make_aggregator)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
+        self._agree_on_random_seed()
         if extended._cluster.is_chief:  # pylint: disable=protected-access
             logging.info(
                 "tfdist %s: %d process(es), aggregator %s, launched by %s",
@@ -221,6 +224,21 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
                 getattr(extended._aggregator, "name", "none"),  # pylint: disable=protected-access
                 extended._cluster.launcher,  # pylint: disable=protected-access
             )
+
+    def _agree_on_random_seed(self):
+        """Give every rank rank 0's TensorFlow global seed unless the user set one.
+
+        Shuffling (Keras' `shuffle=True`, `Dataset.shuffle`) must produce the
+        same order on every rank, or the ranks' slices of a global batch would
+        overlap and miss examples.
+        """
+        communicator = self.extended._communicator  # pylint: disable=protected-access
+        if communicator is None:
+            return
+        proposal = tf.constant(random.SystemRandom().randrange(2**31), tf.int64)
+        seed = int(communicator.broadcast(proposal).numpy())
+        if not _tf.global_seed_is_set():
+            tf.random.set_seed(seed)
 
     @property
     def rank(self):

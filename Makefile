@@ -1,0 +1,32 @@
+# tfdist: `make demo` and `make test` are all a fresh machine needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.tfdist-installed
+NP     ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-all bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[cpu,test,examples]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install tfdist with its dependencies
+
+demo: install  ## train a CNN on the bundled digits data with 2 processes
+	$(BIN)/tfdist-run -np $(NP) $(BIN)/python examples/digits.py
+
+test: install  ## the test suite (multi-process tests on loopback), ~10 min
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) tests
+
+test-all: install  ## every test, including the slow scenarios
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+bench: install  ## benchmarks; JSON (and PNG) results in benchmarks/results/
+	$(BIN)/tfdist-bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,31 @@
+"""Helpers for tests that launch real processes through tfdist-run."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "tests", "scripts")
+
+
+def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, launcher=None):
+    """Run `tfdist-run -np np_ python <script_args>`; return the CompletedProcess."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
+        env.pop(stale, None)
+    env.update(extra_env or {})
+    command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_),
+               "--timeout", str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def script(name):
+    return os.path.join(SCRIPTS, name)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    return tmp_path

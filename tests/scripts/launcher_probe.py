@@ -1,0 +1,31 @@
+"""Worker script for launcher tests (no TensorFlow, starts fast).
+
+Behaviour by argument:
+  env              print this process's TFDIST_* environment as JSON, exit 0
+  fail RANK CODE   rank RANK exits with CODE after 0.5 s; others sleep 60 s
+  orphan PIDFILE   spawn a grandchild `sleep 120`, append its pid to PIDFILE, sleep 60 s
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+mode = sys.argv[1]
+rank = int(os.environ.get("TFDIST_RANK", "-1"))
+
+if mode == "env":
+    print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("TFDIST_")}))
+elif mode == "fail":
+    failing_rank, code = int(sys.argv[2]), int(sys.argv[3])
+    if rank == failing_rank:
+        time.sleep(0.5)
+        print("failing on purpose", flush=True)
+        sys.exit(code)
+    time.sleep(60)
+elif mode == "orphan":
+    child = subprocess.Popen(["sleep", "120"])
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{child.pid}\n{os.getpid()}\n")
+    time.sleep(60)

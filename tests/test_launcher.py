@@ -1,0 +1,140 @@
+"""tfdist-run: environment, output prefixes, exit codes, failure and cleanup."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import script, tfdist_run
+from tfdist.launch import ports
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split()[2] != "Z"
+
+
+def test_every_rank_gets_its_environment_and_prefix():
+    result = tfdist_run(3, [script("launcher_probe.py"), "env"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    envs = {}
+    for line in result.stdout.splitlines():
+        label, _, payload = line.partition(" ")
+        envs[label] = json.loads(payload)
+    assert sorted(envs) == ["[0]", "[1]", "[2]"]
+    for rank in range(3):
+        env = envs[f"[{rank}]"]
+        assert env["TFDIST_RANK"] == str(rank)
+        assert env["TFDIST_WORLD_SIZE"] == "3"
+        assert env["TFDIST_TIMEOUT"] == "120"
+        assert len(env["TFDIST_WORKER_ADDRESSES"].split(",")) == 3
+    assert len({e["TFDIST_WORKER_ADDRESSES"] for e in envs.values()}) == 1
+
+
+def test_single_process():
+    result = tfdist_run(1, [script("launcher_probe.py"), "env"], timeout=60)
+    assert result.returncode == 0
+    assert json.loads(result.stdout.split(" ", 1)[1])["TFDIST_WORLD_SIZE"] == "1"
+
+
+def test_servers_are_started_with_their_role():
+    result = tfdist_run(2, [script("launcher_probe.py"), "env"], timeout=60,
+                        launcher=["--num-servers", "1"])
+    server_lines = [l for l in result.stdout.splitlines() if l.startswith("[s0]")]
+    assert len(server_lines) == 1
+    env = json.loads(server_lines[0].split(" ", 1)[1])
+    assert env["TFDIST_ROLE"] == "server" and env["TFDIST_SERVER_INDEX"] == "0"
+    assert result.returncode == 0
+
+
+def test_failing_rank_stops_the_job_with_its_exit_code_and_name():
+    start = time.monotonic()
+    result = tfdist_run(3, [script("launcher_probe.py"), "fail", "1", "7"], timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 7
+    assert "rank 1 exited with code 7" in result.stderr
+    assert "[1] failing on purpose" in result.stdout
+    assert elapsed < 30, f"others were not terminated promptly ({elapsed:.1f} s)"
+
+
+def test_no_orphans_after_failure(tmp_path):
+    pidfile = tmp_path / "pids"
+    # rank 0's children sleep; the job is killed by a failing rank's exit.
+    wrapper = tmp_path / "probe.sh"
+    wrapper.write_text(
+        f'if [ "$TFDIST_RANK" = "1" ]; then sleep 2; exit 3; fi\n'
+        f'exec {sys.executable} {script("launcher_probe.py")} orphan {pidfile}\n'
+    )
+    env = dict(os.environ)
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdist.launch", "-np", "2", "bash", str(wrapper)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert result.returncode == 3
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert pids
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "processes outlived tfdist-run"
+
+
+def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
+    pidfile = tmp_path / "pids"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist.launch", "-np", "2", sys.executable,
+         script("launcher_probe.py"), "orphan", str(pidfile)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 20
+    while (not pidfile.exists() or len(pidfile.read_text().split()) < 4) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode != 0
+    assert "SIGTERM" in stderr
+    pids = [int(p) for p in pidfile.read_text().split()]
+    time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)]
+
+
+def test_port_base_in_use_is_a_clear_error():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = tfdist_run(2, [script("launcher_probe.py"), "env"], timeout=60,
+                            launcher=["--port-base", str(port)])
+    assert result.returncode != 0
+    assert f"[{port}]" in result.stderr and "already in use" in result.stderr
+
+
+def test_missing_command_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "tfdist.launch", "-np", "2"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "no command given" in result.stderr
+
+
+def test_pick_ports_are_distinct_and_free():
+    chosen = ports.pick_ports(5)
+    assert len(set(chosen)) == 5
+    assert all(ports.port_is_free(p) for p in chosen)
+
+
+@pytest.mark.parametrize("argv", [["-np", "0", "x"], ["--timeout", "0", "x"]])
+def test_bad_flags(argv):
+    result = subprocess.run([sys.executable, "-m", "tfdist.launch"] + argv,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
