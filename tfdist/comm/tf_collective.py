@@ -19,6 +19,7 @@ shows up in seconds instead of after the timeout.
 """
 
 import atexit
+import sys
 import threading
 import time
 
@@ -69,6 +70,7 @@ class CollectiveCommunicator:
                                          name="tfdist-peer-monitor")
         self._monitor.start()
         atexit.register(self.stop_monitor)
+        self._install_excepthook()
 
     # ------------------------------------------------------------------ setup
     def _start_server(self):
@@ -135,6 +137,44 @@ class CollectiveCommunicator:
                     return
                 except Exception as e:  # pylint: disable=broad-except
                     logging.warning("tfdist peer monitor: unexpected error: %s", e)
+
+    def unreachable_peers(self, timeout_seconds=3.0):
+        """Ranks whose server does not answer now (used to explain a failure)."""
+        dead = []
+        for peer in range(self.world_size):
+            if peer == self.rank:
+                continue
+            try:
+                _tf.check_peer_health(task_name(peer), timeout_seconds=timeout_seconds)
+            except _UNREACHABLE:
+                dead.append(peer)
+            except Exception:  # pylint: disable=broad-except
+                pass
+        return dead
+
+    def _install_excepthook(self):
+        """Explain a collective failure in tfdist's words before the process exits.
+
+        TensorFlow reports a lost peer as a gRPC error deep in a traceback;
+        this adds one line naming this rank and the peer(s) that are gone.
+        """
+        previous = sys.excepthook
+
+        def hook(kind, value, traceback):
+            previous(kind, value, traceback)
+            if isinstance(value, tf.errors.OpError) and "ollective" in str(value):
+                self.stop_monitor()
+                dead = self.unreachable_peers()
+                if dead:
+                    names = ", ".join(f"peer rank {p} ({self.addresses[p]})" for p in dead)
+                    print(f"tfdist rank {self.rank}: training failed because {names} is "
+                          "unreachable; that process has probably died (see its output).",
+                          file=sys.stderr, flush=True)
+                else:
+                    print(f"tfdist rank {self.rank}: a collective operation failed: "
+                          f"{value.message.splitlines()[0]}", file=sys.stderr, flush=True)
+
+        sys.excepthook = hook
 
     def stop_monitor(self):
         """Stop watching peers (at exit: peers finishing first is not a failure)."""

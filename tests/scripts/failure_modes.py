@@ -1,0 +1,51 @@
+"""Worker script for failure tests: each mode breaks the job in one way.
+
+  train            train normally (used with a missing peer or a busy port)
+  crash RANK       rank RANK dies (os._exit(3)) in the middle of epoch 2
+  indivisible      global batch 50 (not divisible by 3 or 4 processes)
+  mismatch         rank 1 builds a wider layer than rank 0
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tfdist  # noqa: E402
+
+
+class CrashAt(keras.callbacks.Callback):
+    def __init__(self, rank, strategy):
+        super().__init__()
+        self.rank, self.strategy = rank, strategy
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.strategy.rank == self.rank and batch == 3 and self.epoch == 1:
+            print("crashing on purpose", flush=True)
+            os._exit(3)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+
+def main():
+    mode = sys.argv[1]
+    strategy = tfdist.strategies.RingAllReduceStrategy()
+    width = 8 + (4 if mode == "mismatch" and strategy.rank == 1 else 0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).normal(size=(480, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    callbacks = [CrashAt(int(sys.argv[2]), strategy)] if mode == "crash" else []
+    batch = 50 if mode == "indivisible" else 24
+    model.fit(x, y, batch_size=batch, epochs=3, verbose=0, callbacks=callbacks)
+    print("finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Bad input and dead peers end in a clear error and a non-zero exit, never a hang."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from conftest import script, tfdist_run
+from tfdist.launch.ports import pick_ports
+
+
+def run_ranks_with_tf_config(ranks, world, mode_args, timeout_s, busy_port=None):
+    """Start the given ranks of a `world`-process TF_CONFIG job directly (no launcher)."""
+    addresses = [f"127.0.0.1:{p}" for p in pick_ports(world)]
+    if busy_port is not None:
+        addresses[0] = f"127.0.0.1:{busy_port}"
+    procs = {}
+    for rank in ranks:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TIMEOUT=str(timeout_s))
+        env.pop("TFDIST_RANK", None)
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
+                                       "task": {"type": "worker", "index": rank}})
+        procs[rank] = subprocess.Popen(
+            [sys.executable, script("failure_modes.py")] + mode_args, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+    return procs, addresses
+
+
+def test_crashed_rank_fails_the_job_naming_it():
+    start = time.monotonic()
+    result = tfdist_run(3, [script("failure_modes.py"), "crash", "2"], timeout=200,
+                        run_timeout=60)
+    assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "rank 2 exited with code 3" in result.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_survivors_detect_a_dead_peer_without_a_launcher():
+    """Under TF_CONFIG (no tfdist-run to kill anybody) the survivor must fail by itself."""
+    procs, addresses = run_ranks_with_tf_config([0, 1], 2, ["crash", "1"], timeout_s=120)
+    start = time.monotonic()
+    out1, _ = procs[1].communicate(timeout=120)
+    out0, _ = procs[0].communicate(timeout=120)
+    elapsed = time.monotonic() - start
+    assert procs[1].returncode == 3
+    assert procs[0].returncode != 0, out0[-2000:]
+    assert "peer rank 1" in out0 and addresses[1] in out0, out0[-3000:]
+    assert elapsed < 60, f"dead peer detected only after {elapsed:.0f} s"
+
+
+def test_missing_peer_times_out_naming_it():
+    procs, addresses = run_ranks_with_tf_config([0], 2, ["train"], timeout_s=8)
+    start = time.monotonic()
+    out, _ = procs[0].communicate(timeout=120)
+    assert procs[0].returncode != 0
+    assert f"rank 1 ({addresses[1]}) did not come up within the 8 s timeout" in out, out[-2000:]
+    assert time.monotonic() - start < 60
+
+
+def test_port_in_use_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        procs, _ = run_ranks_with_tf_config([0], 2, ["train"], timeout_s=10, busy_port=port)
+        out, _ = procs[0].communicate(timeout=120)
+    assert procs[0].returncode != 0
+    assert f"port {port} is already in use" in out, out[-2000:]
+
+
+def test_indivisible_global_batch_is_a_clear_error():
+    result = tfdist_run(3, [script("failure_modes.py"), "indivisible"], timeout=200,
+                        run_timeout=60)
+    assert result.returncode != 0
+    assert "global batch size must be divisible by the number of processes (3)" in result.stdout
+
+
+def test_different_models_on_different_ranks_is_a_clear_error():
+    result = tfdist_run(2, [script("failure_modes.py"), "mismatch"], timeout=200, run_timeout=60)
+    assert result.returncode != 0
+    assert "every rank must build the same model" in result.stdout, result.stdout[-3000:]

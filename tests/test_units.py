@@ -1,0 +1,51 @@
+"""Single-process units: tensor fusion and global-batch sharding."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.aggregation.fusion import FusionPlan
+from tfdist.strategies.sharding import shard_global_batch
+
+
+def test_fusion_round_trip_groups_by_dtype_and_threshold():
+    tensors = [tf.random.normal([3, 4]), tf.range(5), tf.random.normal([7]),
+               tf.random.normal([2, 2, 2]), tf.constant(1.5)]
+    plan = FusionPlan(tensors, bucket_bytes=64)
+    flats = plan.pack(tensors)
+    # float32: 12 + 7 + 8 + 1 elements at 4 bytes, 64-byte buckets -> 3 buckets; int32: 1
+    assert [f.dtype for f in flats].count(tf.int32) == 1
+    assert len(flats) == 4
+    for original, restored in zip(tensors, plan.unpack(flats)):
+        np.testing.assert_array_equal(original.numpy(), restored.numpy())
+        assert original.shape == restored.shape
+
+
+def test_fusion_default_threshold_is_one_bucket_per_dtype():
+    tensors = [tf.ones([100, 100]) for _ in range(20)]
+    assert len(FusionPlan(tensors).pack(tensors)) == 1
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_shards_concatenate_to_the_global_batches(world):
+    data = tf.data.Dataset.from_tensor_slices((np.arange(50), np.arange(50) * 10)).batch(12)
+    shards = [list(shard_global_batch(data, r, world).as_numpy_iterator()) for r in range(world)]
+    originals = list(data.as_numpy_iterator())
+    for step, (x, y) in enumerate(originals):
+        np.testing.assert_array_equal(np.concatenate([s[step][0] for s in shards]), x)
+        np.testing.assert_array_equal(np.concatenate([s[step][1] for s in shards]), y)
+        sizes = [len(s[step][0]) for s in shards]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_dict_inputs_are_sharded_too():
+    data = tf.data.Dataset.from_tensor_slices({"a": np.arange(8), "b": np.ones((8, 2))}).batch(8)
+    first = next(iter(shard_global_batch(data, 1, 2)))
+    np.testing.assert_array_equal(first["a"].numpy(), [4, 5, 6, 7])
+    assert first["b"].shape == (4, 2)
+
+
+def test_indivisible_first_batch_is_an_error():
+    data = tf.data.Dataset.from_tensor_slices(np.arange(20)).batch(10)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="divisible by the number of processes"):
+        list(shard_global_batch(data, 0, 3))
