@@ -19,7 +19,11 @@ def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, l
     env.update(extra_env or {})
     command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_),
                "--timeout", str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, env=env, capture_output=True, timeout=timeout)
+    # Decode by hand: text mode would turn the progress bar's "\r" into line breaks.
+    result.stdout = result.stdout.decode(errors="replace")
+    result.stderr = result.stderr.decode(errors="replace")
+    return result
 
 
 def script(name):

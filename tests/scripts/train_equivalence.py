@@ -25,7 +25,7 @@ def make_data(n=288, seed=0):
     return x, y
 
 
-def build_model(optimizer):
+def build_model(optimizer, steps_per_execution=1):
     model = keras.Sequential([
         keras.Input((8, 8, 1)),
         keras.layers.Conv2D(4, 3, activation="relu"),
@@ -37,24 +37,24 @@ def build_model(optimizer):
            else keras.optimizers.SGD(0.05, momentum=0.9))
     model.compile(optimizer=opt,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
     return model
 
 
 CONFIGS = {
-    # name: (optimizer, shuffle, input)
-    "adam": ("adam", False, "numpy"),
-    "sgd_shuffle": ("sgd", True, "numpy"),
-    "adam_tfdata": ("adam", True, "tfdata"),
+    # name: (optimizer, shuffle, input, steps_per_execution)
+    "adam": ("adam", False, "numpy", 1),
+    "sgd_shuffle": ("sgd", True, "numpy", 1),
+    "adam_tfdata": ("adam", True, "tfdata", 2),
 }
 
 
-def train(strategy, optimizer, shuffle, input_kind, epochs, batch):
+def train(strategy, optimizer, shuffle, input_kind, steps_per_execution, epochs, batch):
     """Train one configuration from the same seed; return arrays to compare."""
     keras.utils.set_random_seed(1234)
     x, y = make_data()
     with strategy.scope():
-        model = build_model(optimizer)
+        model = build_model(optimizer, steps_per_execution)
     if input_kind == "tfdata":
         train_data = tf.data.Dataset.from_tensor_slices((x[:240], y[:240]))
         if shuffle:

@@ -5,12 +5,10 @@ Each training process runs one TensorFlow gRPC server (task `/job:worker/task:R`
 then move tensors between processes, in eager mode and inside `tf.function`
 alike. On CPU the reduction is TensorFlow's ring algorithm.
 
-Instance keys (which op on one rank matches which op on another) are drawn
-from a per-process counter *when a function is called*, not when it is traced
-(`FuncGraph.capture_call_time_value`, the mechanism MultiWorkerMirroredStrategy
-uses): ranks that trace at different moments still agree, as long as they
-issue the same collectives in the same order, which data-parallel training
-does.
+Instance keys (which op on one rank matches which op on another) come from
+a per-process counter as collectives are created - eagerly, or when a
+function is traced - so ranks agree as long as they create the same
+collectives in the same order, which ranks running the same script do.
 
 Failure handling: every collective carries the job timeout; a monitor thread
 probes every peer's server and, when one stops answering, aborts all pending
@@ -181,24 +179,20 @@ class CollectiveCommunicator:
         self._monitor_stop.set()
 
     # ------------------------------------------------------------------ keys
-    def _take_key(self):
+    def instance_key(self):
+        """The next instance key (at trace time inside a `tf.function`).
+
+        Keys are baked into traced functions and reused by every call, so all
+        ranks must trace their collectives in the same order - true when they
+        run the same script, since tfdist issues no rank-dependent collectives.
+        (Drawing keys at call time, as MultiWorkerMirroredStrategy does, breaks
+        inside Keras' `steps_per_execution` loop: deferred captures cannot
+        cross `tf.cond` / `tf.while_loop` graphs.)
+        """
         with self._key_lock:
             key = self._next_key
             self._next_key += 1
-        with tf.device("CPU:0"):
-            return tf.constant(key, dtype=tf.int32)
-
-    def instance_key(self):
-        """A fresh instance key, drawn when the enclosing function is called."""
-        graph = tf.compat.v1.get_default_graph()
-        while getattr(graph, "is_control_flow_graph", False):
-            graph = graph.outer_graph
-        if not tf.executing_eagerly() and graph.building_function:
-            with graph.as_default():
-                return graph.capture_call_time_value(
-                    self.instance_key, tf.TensorSpec([], tf.int32)
-                )
-        return self._take_key()
+        return key
 
     # ------------------------------------------------------------ collectives
     def all_reduce(self, tensor, group_size=None, group_key=WORLD_GROUP_KEY):
