@@ -82,3 +82,11 @@ def test_different_models_on_different_ranks_is_a_clear_error():
     result = tfdist_run(2, [script("failure_modes.py"), "mismatch"], timeout=200, run_timeout=60)
     assert result.returncode != 0
     assert "every rank must build the same model" in result.stdout, result.stdout[-3000:]
+
+
+def test_ranks_given_different_data_is_a_clear_error():
+    start = time.monotonic()
+    result = tfdist_run(2, [script("failure_modes.py"), "uneven"], timeout=200, run_timeout=60)
+    assert result.returncode != 0
+    assert "batches per epoch by rank: [20, 18]" in result.stdout, result.stdout[-3000:]
+    assert time.monotonic() - start < 60

@@ -51,3 +51,10 @@ def test_backup_and_restore_resumes_on_every_rank(run):
     assert int(rank0["epochs_run"]) == 2 and int(rank1["epochs_run"]) == 2
     for key in rank0:
         np.testing.assert_allclose(rank0[key], rank1[key], atol=1e-6)
+
+
+def test_jit_compiled_model_trains_and_ranks_agree(run):
+    _, out, _ = run
+    rank0, rank1 = load(f"{out}.jit.rank0.npz"), load(f"{out}.jit.rank1.npz")
+    for key in rank0:
+        np.testing.assert_allclose(rank0[key], rank1[key], atol=1e-6)

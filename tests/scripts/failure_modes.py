@@ -4,6 +4,7 @@
   crash RANK       rank RANK dies (os._exit(3)) in the middle of epoch 2
   indivisible      global batch 50 (not divisible by 3 or 4 processes)
   mismatch         rank 1 builds a wider layer than rank 0
+  uneven           rank 1 passes less data than rank 0
 """
 
 import os
@@ -39,7 +40,8 @@ def main():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width),
                                   keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    x = np.random.default_rng(0).normal(size=(480, 4)).astype("float32")
+    n = 432 if mode == "uneven" and strategy.rank == 1 else 480
+    x = np.random.default_rng(0).normal(size=(n, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
     callbacks = [CrashAt(int(sys.argv[2]), strategy)] if mode == "crash" else []
     batch = 50 if mode == "indivisible" else 24

@@ -2,7 +2,8 @@
 
 Trains a model with BatchNormalization and Dropout, steps_per_execution=2,
 ModelCheckpoint, CSVLogger and the progress bar, then calls model.save on every
-rank, and resumes a run interrupted under BackupAndRestore. Each rank writes
+rank, trains a model compiled with jit_compile=True, and resumes a run
+interrupted under BackupAndRestore. Each rank writes
 OUT.rank<R>.npz with its final weights (moving statistics included).
 """
 
@@ -61,6 +62,12 @@ def main():
     model.save(os.path.join(workdir, "final.keras"))  # every rank calls it
     np.savez(f"{out}.rank{strategy.rank}.npz", *model.get_weights(),
              loss=np.array(history.history["loss"]))
+
+    with strategy.scope():  # XLA cannot compile collectives: tfdist must turn jit off
+        jitted = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+        jitted.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    jitted.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    np.savez(f"{out}.jit.rank{strategy.rank}.npz", *jitted.get_weights())
 
     backup = os.path.join(workdir, "backup")
     interrupted = build(strategy)

@@ -154,6 +154,26 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         sharded = shard_global_batch(dataset, cluster.rank, cluster.world_size)
         return super()._experimental_distribute_dataset(sharded, options)
 
+    def check_same_number_of_batches(self, num_batches):
+        """Fail clearly when ranks were given different data (a silent mismatch otherwise).
+
+        Each rank must pass the same global data to fit/evaluate/predict; if
+        their epochs have different known lengths, steps would pair up wrongly
+        and the longer rank would wait on a peer that has finished.
+        `num_batches` is this rank's batches per epoch, None when unknown.
+        """
+        if self._communicator is None:
+            return
+        mine = tf.constant([-1 if num_batches is None else num_batches], tf.int64)
+        every_rank = self._communicator.all_gather(mine).numpy().tolist()
+        known = [n for n in every_rank if n >= 0]
+        if len(set(known)) > 1:
+            raise ValueError(
+                f"tfdist rank {self._cluster.rank}: the ranks were given different amounts of "
+                f"data (batches per epoch by rank: {every_rank}). Pass the same full data set "
+                "on every rank; tfdist gives each rank its slice of every global batch."
+            )
+
     def _distribute_datasets_from_function(self, dataset_fn, options):
         cluster = self._cluster
         context = tf.distribute.InputContext(cluster.world_size, cluster.rank, cluster.world_size)

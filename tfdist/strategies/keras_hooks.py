@@ -8,7 +8,9 @@ would expect it, without changes to their script:
   them); `BackupAndRestore` still restores on every rank but only the chief
   writes and deletes backups;
 * `Model.save` / `Model.save_weights` are no-ops on non-chief ranks (every
-  rank holds the same weights; one writer avoids clobbered files).
+  rank holds the same weights; one writer avoids clobbered files);
+* `jit_compile` is turned off for multi-process models (XLA cannot compile
+  the cross-process collectives inside the step).
 
 These apply only to models built under a tfdist strategy on a non-chief
 rank; everything else is untouched. `install()` is idempotent.
@@ -18,6 +20,8 @@ import inspect
 
 import keras
 from absl import logging
+# Keras has no public hook where every rank builds its epoch iterator.
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
 _installed = False
 _CHIEF_ONLY_WRITERS = (
@@ -28,9 +32,25 @@ _CHIEF_ONLY_WRITERS = (
 )
 
 
-def is_non_chief_model(model):
+def _tfdist_strategy(model):
     strategy = getattr(model, "_distribute_strategy", None)
-    return getattr(strategy, "is_chief", True) is False and hasattr(strategy, "world_size")
+    return strategy if hasattr(strategy, "world_size") and hasattr(strategy, "is_chief") else None
+
+
+def is_non_chief_model(model):
+    strategy = _tfdist_strategy(model)
+    return strategy is not None and not strategy.is_chief
+
+
+def _keep_collectives_out_of_xla(model):
+    """XLA cannot compile TensorFlow's cross-process collective ops: run the step unjitted."""
+    strategy = _tfdist_strategy(model)
+    if strategy is not None and strategy.world_size > 1 and model.jit_compile:
+        if strategy.is_chief:
+            logging.warning("tfdist: jit_compile disabled for %s: the step contains "
+                            "cross-process collectives, which XLA cannot compile.", model.name)
+        model.jit_compile = False
+        model.train_function = model.test_function = model.predict_function = None
 
 
 def _unwrap(fn):
@@ -91,6 +111,8 @@ def install():
     callback_list_init = keras.callbacks.CallbackList.__init__
 
     def init(self, callbacks=None, add_history=False, add_progbar=False, model=None, **params):
+        if model is not None:
+            _keep_collectives_out_of_xla(model)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks)
             add_progbar = False
@@ -98,6 +120,17 @@ def install():
                            add_progbar=add_progbar, model=model, **params)
 
     keras.callbacks.CallbackList.__init__ = init
+
+    # Every fit/evaluate/predict (and fit's validation) builds one epoch
+    # iterator on every rank in lockstep: the place to compare epoch lengths.
+    epoch_iterator_init = TFEpochIterator.__init__
+
+    def iterator_init(self, distribute_strategy=None, *args, **kwargs):
+        epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        if getattr(distribute_strategy, "world_size", 1) > 1:
+            distribute_strategy.extended.check_same_number_of_batches(self.num_batches)
+
+    TFEpochIterator.__init__ = iterator_init
 
     for method_name in ("save", "save_weights"):
         original = getattr(keras.Model, method_name)

@@ -1,0 +1,102 @@
+"""All-reduce benchmark worker (run under tfdist-run; rank 0 writes JSON).
+
+For each payload size, times in the same process and interleaved:
+  raw        one TensorFlow `all_reduce_v2` of the payload (the engine alone);
+  tfdist     tfdist's RingAllReduceAggregator on the same single tensor;
+  tfdist_16  the same bytes as 16 tensors through the aggregator (fused);
+  unfused_16 the 16 tensors as 16 raw `all_reduce_v2` calls (no fusion).
+Bus bandwidth follows the NCCL convention: 2 (P - 1) / P * bytes / time.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from tfdist import _tf, runtime  # noqa: E402
+from tfdist.aggregation.ring import RingAllReduceAggregator  # noqa: E402
+from tfdist.comm.tf_collective import WORLD_GROUP_KEY  # noqa: E402
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+PIECES = 16
+
+
+def make_methods(communicator):
+    aggregator = RingAllReduceAggregator(communicator)
+    world = communicator.world_size
+
+    def raw(tensors):
+        with tf.device(communicator.device):
+            return [_tf.all_reduce_v2(t, world, WORLD_GROUP_KEY, communicator.instance_key(),
+                                      communication_hint="ring", timeout=communicator.timeout)
+                    for t in tensors]
+
+    return {
+        "raw": (raw, 1),
+        "tfdist": (aggregator.all_reduce, 1),
+        "tfdist_16": (aggregator.all_reduce, PIECES),
+        "unfused_16": (raw, PIECES),
+    }
+
+
+def time_interleaved(methods, nbytes, rounds):
+    """Median seconds per call of each method; methods alternate within every round
+    (in rotating order) so that machine noise hits all of them alike."""
+    compiled = {}
+    for name, (fn, pieces) in methods.items():
+        tensors = [tf.ones([nbytes // 4 // pieces]) for _ in range(pieces)]
+        function = tf.function(fn)
+        for _ in range(2):
+            function(tensors)[0].numpy()
+        compiled[name] = (function, tensors)
+    names = list(compiled)
+    times = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            function, tensors = compiled[name]
+            t0 = time.perf_counter()
+            function(tensors)[0].numpy()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def main():
+    out = sys.argv[1]
+    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
+    communicator = runtime.communicator()
+    world = communicator.world_size
+    methods = make_methods(communicator)
+    rows = []
+    for nbytes in sizes:
+        row = {"bytes": nbytes, "processes": world}
+        # Fixed round counts keep all ranks in step (no rank-local decisions).
+        rounds = 40 if nbytes <= (1 << 20) else 12 if nbytes <= (16 << 20) else 6
+        for name, times in time_interleaved(methods, nbytes, rounds).items():
+            median = statistics.median(times)
+            row[name] = {
+                "median_ms": median * 1e3,
+                "min_ms": min(times) * 1e3,
+                "iterations": len(times),
+                "bus_bandwidth_MBps": 2 * (world - 1) / world * nbytes / median / 1e6,
+            }
+        row["tfdist_over_raw"] = row["tfdist"]["median_ms"] / row["raw"]["median_ms"]
+        row["tfdist_16_over_raw"] = row["tfdist_16"]["median_ms"] / row["raw"]["median_ms"]
+        row["unfused_16_over_tfdist_16"] = (row["unfused_16"]["median_ms"]
+                                           / row["tfdist_16"]["median_ms"])
+        rows.append(row)
+        if communicator.rank == 0:
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                              for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+    if communicator.rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
