@@ -90,3 +90,12 @@ def test_ranks_given_different_data_is_a_clear_error():
     assert result.returncode != 0
     assert "batches per epoch by rank: [20, 18]" in result.stdout, result.stdout[-3000:]
     assert time.monotonic() - start < 60
+
+
+def test_rank_alive_but_out_of_step_fails_within_the_timeout():
+    start = time.monotonic()
+    result = tfdist_run(2, [script("failure_modes.py"), "stall"], timeout=90, run_timeout=10)
+    assert result.returncode != 0
+    assert "waited more than the 10 s timeout for its peers" in result.stdout, \
+        result.stdout[-3000:]
+    assert time.monotonic() - start < 60

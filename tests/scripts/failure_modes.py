@@ -5,10 +5,12 @@
   indivisible      global batch 50 (not divisible by 3 or 4 processes)
   mismatch         rank 1 builds a wider layer than rank 0
   uneven           rank 1 passes less data than rank 0
+  stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
 """
 
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,12 +21,15 @@ import tfdist  # noqa: E402
 
 
 class CrashAt(keras.callbacks.Callback):
-    def __init__(self, rank, strategy):
+    def __init__(self, rank, strategy, stall=False):
         super().__init__()
-        self.rank, self.strategy = rank, strategy
+        self.rank, self.strategy, self.stall = rank, strategy, stall
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.strategy.rank == self.rank and batch == 3 and self.epoch == 1:
+            if self.stall:
+                print("stalling on purpose", flush=True)
+                time.sleep(600)
             print("crashing on purpose", flush=True)
             os._exit(3)
 
@@ -43,7 +48,11 @@ def main():
     n = 432 if mode == "uneven" and strategy.rank == 1 else 480
     x = np.random.default_rng(0).normal(size=(n, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
-    callbacks = [CrashAt(int(sys.argv[2]), strategy)] if mode == "crash" else []
+    callbacks = []
+    if mode == "crash":
+        callbacks = [CrashAt(int(sys.argv[2]), strategy)]
+    elif mode == "stall":
+        callbacks = [CrashAt(1, strategy, stall=True)]
     batch = 50 if mode == "indivisible" else 24
     model.fit(x, y, batch_size=batch, epochs=3, verbose=0, callbacks=callbacks)
     print("finished", flush=True)

@@ -67,7 +67,12 @@ def main():
         jitted = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
         jitted.compile(optimizer="sgd", loss="mse", jit_compile=True)
     jitted.fit(x, y, batch_size=32, epochs=1, verbose=0)
-    np.savez(f"{out}.jit.rank{strategy.rank}.npz", *jitted.get_weights())
+    # Many steps must not pile up threads (TensorFlow parks threads per timed op).
+    threads_before = len(os.listdir("/proc/self/task"))
+    jitted.fit(x, y, batch_size=8, epochs=10, verbose=0)
+    threads_added = len(os.listdir("/proc/self/task")) - threads_before
+    np.savez(f"{out}.jit.rank{strategy.rank}.npz", *jitted.get_weights(),
+             threads_added=np.array(threads_added))
 
     backup = os.path.join(workdir, "backup")
     interrupted = build(strategy)

@@ -10,11 +10,21 @@ a per-process counter as collectives are created - eagerly, or when a
 function is traced - so ranks agree as long as they create the same
 collectives in the same order, which ranks running the same script do.
 
-Failure handling: every collective carries the job timeout; a monitor thread
-probes every peer's server and, when one stops answering, aborts all pending
-collectives of this process with a message naming that peer, so a dead peer
-shows up in seconds instead of after the timeout.
+Failure handling, all bounded by the job timeout:
+* a monitor thread probes every peer's server and, when one stops answering,
+  aborts all pending collectives of this process with a message naming that
+  peer, so a dead peer shows up in seconds;
+* eager collectives (start-up, broadcasts, checks) carry the timeout as an op
+  attribute;
+* collectives inside compiled functions do not: TensorFlow parks two threads
+  for the whole timeout on every op that has one (300 ops with a 300 s timeout
+  hold 600 threads; a long training run exhausts the process's threads).
+  Instead, callers wrap each call of such a function in `expect_progress()`,
+  and the monitor aborts the collectives of a call that exceeds the timeout
+  (peers alive but out of step: different data, a rank stuck elsewhere).
 """
+
+import contextlib
 
 import atexit
 import sys
@@ -57,6 +67,7 @@ class CollectiveCommunicator:
         self._next_key = FIRST_INSTANCE_KEY
         self._key_lock = threading.Lock()
         self._monitor_stop = threading.Event()
+        self._in_flight = {}  # id -> (description, start time) of guarded calls
         if len(self.addresses) != self.world_size:
             raise ClusterError(
                 f"tfdist rank {self.rank}: {len(self.addresses)} worker addresses for "
@@ -114,6 +125,8 @@ class CollectiveCommunicator:
     def _watch_peers(self):
         failures = {}
         while not self._monitor_stop.wait(HEALTH_CHECK_INTERVAL_SECONDS):
+            if self._abort_stalled_call():
+                return
             for peer in range(self.world_size):
                 if peer == self.rank or self._monitor_stop.is_set():
                     continue
@@ -135,6 +148,35 @@ class CollectiveCommunicator:
                     return
                 except Exception as e:  # pylint: disable=broad-except
                     logging.warning("tfdist peer monitor: unexpected error: %s", e)
+
+    @contextlib.contextmanager
+    def expect_progress(self, description):
+        """Bound one call of a compiled function with collectives by the job timeout."""
+        token = object()
+        self._in_flight[id(token)] = (description, time.monotonic())
+        try:
+            yield
+        finally:
+            self._in_flight.pop(id(token), None)
+
+    def _abort_stalled_call(self):
+        now = time.monotonic()
+        for description, start in list(self._in_flight.values()):
+            if now - start > self.timeout:
+                message = (
+                    f"tfdist rank {self.rank}: {description} waited more than the "
+                    f"{self.timeout:g} s timeout for its peers, which are alive but not "
+                    "taking part: are the ranks out of step (different data or steps per "
+                    "epoch), or is a rank stuck outside training?"
+                )
+                logging.error("%s; aborting collectives", message)
+                _tf.abort_collectives(tf.errors.DEADLINE_EXCEEDED, message)
+                return True
+        return False
+
+    def _op_timeout(self):
+        """The op-level timeout: only for eager collectives (see the module doc)."""
+        return 0.0 if tf.inside_function() else self.timeout
 
     def unreachable_peers(self, timeout_seconds=3.0):
         """Ranks whose server does not answer now (used to explain a failure)."""
@@ -200,7 +242,7 @@ class CollectiveCommunicator:
         with tf.device(self.device):
             return _tf.all_reduce_v2(
                 tensor, group_size or self.world_size, group_key, self.instance_key(),
-                communication_hint="ring", timeout=self.timeout,
+                communication_hint="ring", timeout=self._op_timeout(),
             )
 
     def all_gather(self, tensor):
@@ -223,7 +265,7 @@ class CollectiveCommunicator:
     def _gather_equal(self, tensor):
         return _tf.all_gather_v2(
             tensor, self.world_size, WORLD_GROUP_KEY, self.instance_key(),
-            communication_hint="ring", timeout=self.timeout,
+            communication_hint="ring", timeout=self._op_timeout(),
         )
 
     def broadcast(self, tensor, root=0):
@@ -234,13 +276,13 @@ class CollectiveCommunicator:
             if self.rank == root:
                 send = _tf.broadcast_send_v2(
                     tensor, self.world_size, WORLD_GROUP_KEY, key,
-                    communication_hint="ring", timeout=self.timeout,
+                    communication_hint="ring", timeout=self._op_timeout(),
                 )
                 with tf.control_dependencies([send]):
                     return tf.identity(tensor)
             return _tf.broadcast_recv_v2(
                 tf.shape(tensor), tensor.dtype, self.world_size, WORLD_GROUP_KEY, key,
-                communication_hint="ring", timeout=self.timeout,
+                communication_hint="ring", timeout=self._op_timeout(),
             )
 
     def barrier(self):

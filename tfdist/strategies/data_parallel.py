@@ -55,6 +55,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             LocalStateSync(self, self._all_reduce_sum, world) if world > 1 else None
         )
 
+    @property
+    def communicator(self):
+        """This process's communicator (None for a single process)."""
+        return self._communicator
+
     # ------------------------------------------------------------- topology
     @property
     def _num_replicas_in_sync(self):

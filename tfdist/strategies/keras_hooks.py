@@ -10,7 +10,9 @@ would expect it, without changes to their script:
 * `Model.save` / `Model.save_weights` are no-ops on non-chief ranks (every
   rank holds the same weights; one writer avoids clobbered files);
 * `jit_compile` is turned off for multi-process models (XLA cannot compile
-  the cross-process collectives inside the step).
+  the cross-process collectives inside the step);
+* every call of the compiled train/test/predict step is bounded by the job
+  timeout (`_StepTimeout`): its collectives carry no op-level timeout.
 
 These apply only to models built under a tfdist strategy on a non-chief
 rank; everything else is untouched. `install()` is idempotent.
@@ -51,6 +53,60 @@ def _keep_collectives_out_of_xla(model):
                             "cross-process collectives, which XLA cannot compile.", model.name)
         model.jit_compile = False
         model.train_function = model.test_function = model.predict_function = None
+
+
+class _StepTimeout(keras.callbacks.Callback):
+    """Registers each compiled step call with the communicator's progress watchdog.
+
+    Keras calls `on_*_batch_begin` / `on_*_batch_end` around every call of the
+    train/test/predict function (one call per `steps_per_execution` steps).
+    """
+
+    def __init__(self, communicator):
+        super().__init__()
+        self._communicator = communicator
+        self._open = {}
+
+    def _begin(self, mode, batch):
+        self._end(mode)
+        guard = self._communicator.expect_progress(f"{mode} step {batch}")
+        guard.__enter__()
+        self._open[mode] = guard
+
+    def _end(self, mode):
+        guard = self._open.pop(mode, None)
+        if guard is not None:
+            guard.__exit__(None, None, None)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin("train", batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._end("train")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._begin("test", batch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._end("test")
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        self._begin("predict", batch)
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._end("predict")
+
+
+def _with_step_timeout(model, callbacks):
+    strategy = _tfdist_strategy(model)
+    communicator = getattr(getattr(strategy, "extended", None), "communicator", None)
+    if communicator is None or not hasattr(communicator, "expect_progress"):
+        return callbacks
+    if callbacks is None:
+        callbacks = []
+    elif not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    return list(callbacks) + [_StepTimeout(communicator)]
 
 
 def _unwrap(fn):
@@ -113,6 +169,7 @@ def install():
     def init(self, callbacks=None, add_history=False, add_progbar=False, model=None, **params):
         if model is not None:
             _keep_collectives_out_of_xla(model)
+            callbacks = _with_step_timeout(model, callbacks)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks)
             add_progbar = False

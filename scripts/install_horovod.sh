@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build (once per machine) and install Horovod 0.28.1 against the TensorFlow in a venv.
+#
+#   scripts/install_horovod.sh VENV_PYTHON
+#
+# Horovod 0.28.1 (the latest release) does not compile against TensorFlow >= 2.16 as shipped:
+# horovod/tensorflow/xla_mpi_ops.cc includes XLA headers that moved. That file only matters for
+# GPU builds, so we guard its body with HAVE_GPU and build the CPU extension with Gloo (and MPI
+# when an MPI compiler is on PATH). The wheel is cached per (Horovod, TensorFlow, Python)
+# version in $TFDIST_WHEEL_CACHE (default ~/.cache/tfdist/wheels): later installs take seconds.
+# Needs cmake >= 3.13 and g++. Any failure stops the install (set -e): nothing is skipped.
+set -euo pipefail
+
+python=${1:?usage: $0 VENV_PYTHON}
+version=0.28.1
+
+if "$python" -c "import horovod.tensorflow as h; assert h.__version__ == '$version'" 2>/dev/null; then
+    exit 0
+fi
+
+for tool in cmake g++; do
+    command -v "$tool" >/dev/null || { echo "install_horovod: '$tool' is required to build Horovod" >&2; exit 1; }
+done
+
+tf_version=$("$python" -c "import tensorflow as tf; print(tf.__version__)")
+py_tag=$("$python" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
+cache=${TFDIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfdist/wheels}/horovod-$version-tf$tf_version-$py_tag
+wheel=$(ls "$cache"/horovod-$version-*.whl 2>/dev/null | head -n 1 || true)
+
+if [[ -z $wheel ]]; then
+    echo "install_horovod: building Horovod $version for TensorFlow $tf_version (a few minutes)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$version" -d "$work"
+    tar -xzf "$work/horovod-$version.tar.gz" -C "$work"
+    src=$work/horovod-$version
+    xla=$src/horovod/tensorflow/xla_mpi_ops.cc
+    sed -i '0,/^#if TENSORFLOW_VERSION >= 2006000000$/s//#if TENSORFLOW_VERSION >= 2006000000 \&\& HAVE_GPU/' "$xla"
+    grep -q '^#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU$' "$xla" \
+        || { echo "install_horovod: the compatibility patch did not apply to $xla" >&2; exit 1; }
+
+    if command -v mpicxx >/dev/null; then mpi=HOROVOD_WITH_MPI=1; else mpi=HOROVOD_WITHOUT_MPI=1; fi
+    # Build dependencies come from the venv (TensorFlow must be the installed one: no isolation).
+    "$python" -m pip install --quiet cloudpickle psutil pyyaml packaging
+    env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "$mpi" HOROVOD_WITHOUT_PYTORCH=1 \
+        HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+        "$python" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
+    mkdir -p "$cache"
+    cp "$work"/dist/horovod-$version-*.whl "$cache"/
+    wheel=$(ls "$cache"/horovod-$version-*.whl | head -n 1)
+fi
+
+"$python" -m pip install --quiet "$wheel"
+"$python" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built(), 'Horovod built without Gloo'"
+echo "install_horovod: Horovod $version installed ($wheel)"
