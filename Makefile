@@ -8,10 +8,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test test-all bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[cpu,test,examples]"
+	scripts/install_horovod.sh $(BIN)/python   # built once per machine (cmake, g++), then cached
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install tfdist with its dependencies

@@ -3,6 +3,7 @@
     tfdist-run -np 2 python examples/digits.py                # ring all-reduce, 2 processes
     python examples/digits.py                                 # the same script, one process
     tfdist-run -np 2 python examples/digits.py --strategy ring --epochs 20
+    horovodrun -np 2 python examples/digits.py --strategy ring   # Horovod's ring (auto backend)
 
 The data set (1,797 images, 10 classes) ships with scikit-learn: nothing is
 downloaded. `--batch-size` is the global batch, split across the processes.
@@ -22,7 +23,8 @@ from sklearn.datasets import load_digits  # noqa: E402
 import tfdist  # noqa: E402
 
 STRATEGIES = {
-    "ring": lambda: tfdist.strategies.RingAllReduceStrategy(),
+    "ring": lambda args: tfdist.strategies.RingAllReduceStrategy(
+        backend=args.backend, compression=args.compression),
 }
 
 
@@ -52,20 +54,26 @@ def build_model():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
+    parser.add_argument("--backend", choices=["auto", "collective", "horovod"], default="auto",
+                        help="ring all-reduce engine (ring strategy)")
+    parser.add_argument("--compression", choices=["none", "fp16"], default="none",
+                        help="gradient compression on the wire")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     args = parser.parse_args()
 
     keras.utils.set_random_seed(0)
-    strategy = STRATEGIES[args.strategy]()
+    strategy = STRATEGIES[args.strategy](args)
     (x_train, y_train), (x_val, y_val) = load_data()
     with strategy.scope():
         model = build_model()
         model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     if strategy.is_chief:
-        print(f"tfdist digits: {args.strategy} strategy, {strategy.world_size} process(es), "
+        backend = getattr(strategy, "backend", None)
+        engine = f" ({backend})" if backend else ""
+        print(f"tfdist digits: {args.strategy} strategy{engine}, {strategy.world_size} process(es), "
               f"global batch {args.batch_size}, {len(x_train)} training images", flush=True)
     start = time.time()
     history = model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,

@@ -14,7 +14,7 @@ set -euo pipefail
 python=${1:?usage: $0 VENV_PYTHON}
 version=0.28.1
 
-if "$python" -c "import horovod.tensorflow as h; assert h.__version__ == '$version'" 2>/dev/null; then
+if "$python" -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$version'" 2>/dev/null; then
     exit 0
 fi
 

@@ -26,6 +26,23 @@ def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, l
     return result
 
 
+def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
+    """Run `horovodrun --gloo -np np_ python <script_args>` on this host."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
+        env.pop(stale, None)
+    env["TFDIST_TIMEOUT"] = str(run_timeout)
+    env.update(extra_env or {})
+    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    command = [launcher, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
+               sys.executable] + script_args
+    result = subprocess.run(command, env=env, capture_output=True, timeout=timeout)
+    result.stdout = result.stdout.decode(errors="replace")
+    result.stderr = result.stderr.decode(errors="replace")
+    return result
+
+
 def script(name):
     return os.path.join(SCRIPTS, name)
 

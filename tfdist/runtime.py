@@ -1,18 +1,30 @@
-"""Process-wide state: this process's cluster and its communicator.
+"""Process-wide state: this process's cluster and its communicators.
 
-A TensorFlow server can be started once per process, so the communicator is
-created once (on first use) and shared by every strategy the process builds.
-Kept apart from the user-facing strategies, as HF Accelerate keeps `state.py`
-apart from `accelerator.py`.
+A TensorFlow server can be started once per process, and Horovod initialized
+once, so each communicator is created once (on first use) and shared by every
+strategy the process builds. Kept apart from the user-facing strategies, as
+HF Accelerate keeps `state.py` apart from `accelerator.py`.
+
+Engines:
+  "collective"  TensorFlow collective ops over gRPC (`tfdist.comm.tf_collective`);
+                needs every worker's "host:port": given by tfdist-run and
+                TF_CONFIG, exchanged through Horovod under horovodrun.
+  "horovod"     Horovod's ops (`tfdist.comm.horovod`); needs a process started
+                by horovodrun or `tfdist-run --horovod`.
 """
 
+import dataclasses
+import os
+import socket
 import threading
 
 from tfdist import cluster as cluster_lib
 
-_lock = threading.Lock()
+ENGINES = ("collective", "horovod")
+
+_lock = threading.RLock()
 _cluster = None
-_communicator = None
+_communicators = {}
 
 
 def cluster():
@@ -24,20 +36,70 @@ def cluster():
         return _cluster
 
 
-def communicator():
-    """The process-wide `CollectiveCommunicator`, or None for a single process."""
-    global _communicator
+def launched_with_horovod():
+    """True when Horovod knows this process's peers (horovodrun or tfdist-run --horovod)."""
+    return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
+
+
+def communicator(engine="collective", fusion_threshold_bytes=None):
+    """The process-wide communicator on `engine`, or None for a single process.
+
+    `fusion_threshold_bytes` configures Horovod's fusion buffer when this call
+    initializes Horovod (ignored otherwise).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}. Got: {engine!r}")
     spec = cluster()
     if spec.world_size == 1:
         return None
     with _lock:
-        if _communicator is None:
-            if not spec.worker_addresses:
-                raise NotImplementedError(
-                    f"tfdist: launched by {spec.launcher} without worker addresses; "
-                    "TensorFlow collectives need them (use tfdist-run or TF_CONFIG)."
-                )
-            from tfdist.comm.tf_collective import CollectiveCommunicator
+        if engine not in _communicators:
+            _communicators[engine] = (
+                _start_horovod(spec, fusion_threshold_bytes) if engine == "horovod"
+                else _start_collective(spec)
+            )
+        return _communicators[engine]
 
-            _communicator = CollectiveCommunicator(spec)
-        return _communicator
+
+def _start_horovod(spec, fusion_threshold_bytes):
+    if not launched_with_horovod():
+        raise RuntimeError(
+            f"tfdist rank {spec.rank}: the Horovod engine needs processes started by "
+            "horovodrun or `tfdist-run --horovod` (launched here by "
+            f"{spec.launcher}); use backend='collective' or change the launcher."
+        )
+    from tfdist.comm.horovod import HorovodCommunicator
+
+    return HorovodCommunicator(spec, fusion_threshold_bytes)
+
+
+def _start_collective(spec):
+    global _cluster
+    from tfdist.comm.tf_collective import CollectiveCommunicator
+
+    if not spec.worker_addresses:
+        if not launched_with_horovod():
+            raise RuntimeError(
+                f"tfdist rank {spec.rank}: launched by {spec.launcher} without worker "
+                "addresses; TensorFlow collectives need them (use tfdist-run, TF_CONFIG "
+                "or horovodrun)."
+            )
+        spec = _cluster = dataclasses.replace(
+            spec, worker_addresses=_exchange_addresses_through_horovod(spec)
+        )
+    return CollectiveCommunicator(spec)
+
+
+def _exchange_addresses_through_horovod(spec):
+    """Under horovodrun: each rank picks a free port and all ranks swap "host:port".
+
+    The host is the name horovodrun gave this slot (reachable by the peers,
+    since horovodrun itself reached it), else this machine's host name.
+    """
+    from tfdist.launch.horovod_rendezvous import all_gather_strings
+    from tfdist.launch.ports import pick_ports
+
+    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    port = pick_ports(1, host="")[0]
+    return tuple(all_gather_strings(spec.rank, spec.world_size, f"{host}:{port}",
+                                    spec.timeout, scope="tfdist-worker-addresses"))

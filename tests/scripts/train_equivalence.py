@@ -80,9 +80,14 @@ def main():
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=48)
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--compression", default=None)
     args = parser.parse_args()
 
-    strategy = tfdist.strategies.RingAllReduceStrategy()
+    strategy = tfdist.strategies.RingAllReduceStrategy(backend=args.backend,
+                                                       compression=args.compression)
+    if strategy.is_chief:
+        print("backend", strategy.backend, flush=True)
     arrays = {}
     for name in args.configs.split(","):
         result = train(strategy, *CONFIGS[name], args.epochs, args.batch)

@@ -1,14 +1,16 @@
-"""Ring all-reduce over TensorFlow's collective ops."""
+"""Ring all-reduce, on TensorFlow's collective ops or on Horovod."""
 
 from tfdist.aggregation.base import Aggregator
 from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES, FusionPlan
 
 
 class RingAllReduceAggregator(Aggregator):
-    """Fused ring all-reduce (TensorFlow `CollectiveReduceV2`, ring on CPU).
+    """Fused ring all-reduce (TensorFlow `CollectiveReduceV2` or Horovod/Gloo).
 
-    Algorithm: tensors are fused into buckets (`tfdist.aggregation.fusion`);
-    each bucket is all-reduced with the bandwidth-optimal ring
+    Algorithm: tensors are fused into buckets of at most `bucket_bytes` -
+    by `tfdist.aggregation.fusion` for TensorFlow's collectives, by the
+    engine itself (one grouped all-reduce) when it fuses (Horovod); each
+    bucket is all-reduced with the bandwidth-optimal ring
     (Patarasuk & Yuan 2009): a reduce-scatter of P - 1 steps followed by an
     all-gather of P - 1 steps, each step moving n / P bytes to the next rank.
 
@@ -20,8 +22,9 @@ class RingAllReduceAggregator(Aggregator):
     floating-point reassociation (the ring adds in a rank-dependent order).
 
     Args:
-        communicator: a `tfdist.comm.tf_collective.CollectiveCommunicator`.
-        bucket_bytes: fusion threshold: largest fused buffer, in bytes.
+        communicator: a `tfdist.comm` communicator (TF collectives or Horovod).
+        bucket_bytes: fusion threshold: largest fused buffer, in bytes (for
+            Horovod it was given to the engine when it started).
     """
 
     name = "ring"
@@ -33,6 +36,8 @@ class RingAllReduceAggregator(Aggregator):
     def all_reduce(self, tensors):
         if not tensors:
             return []
+        if getattr(self.communicator, "fuses_tensors", False):
+            return self.communicator.grouped_all_reduce(tensors)
         plan = FusionPlan(tensors, self.bucket_bytes)
         reduced = [self.communicator.all_reduce(flat) for flat in plan.pack(tensors)]
         return plan.unpack(reduced)

@@ -93,6 +93,13 @@ class CollectiveCommunicator:
         try:
             _tf.start_collective_server(self.addresses, self.rank)
         except Exception as e:  # TF raises bare UnknownError/RuntimeError here
+            if "at program startup" in str(e):
+                raise ClusterError(
+                    f"tfdist rank {self.rank}: TensorFlow's runtime was already initialized in "
+                    "this process (a TensorFlow op, or the Horovod backend, ran before the first "
+                    "tfdist strategy using TensorFlow collectives was created); create that "
+                    "strategy at program start, before any TensorFlow op."
+                ) from e
             raise ClusterError(
                 f"tfdist rank {self.rank}: could not start the TensorFlow server on {address}: {e}"
             ) from e

@@ -1,11 +1,14 @@
 """`tfdist-run`: start a multi-process tfdist job on this machine.
 
-    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] python train.py args...
+    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--horovod]
+               python train.py args...
 
 Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
 each with the environment `tfdist.cluster.discover` reads. Every flag can also
 be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
-`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`). The exit code is 0 when every rank
+`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`). With `--horovod` the
+ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
+`RingAllReduceStrategy(backend="horovod")`. The exit code is 0 when every rank
 exits 0, otherwise that of the first process to fail (the others are
 terminated and the failing rank is named).
 """
@@ -15,6 +18,7 @@ import os
 import sys
 
 from tfdist import cluster as cluster_lib
+from tfdist.launch import horovod_rendezvous
 from tfdist.launch import ports as ports_lib
 from tfdist.launch import processes
 
@@ -44,6 +48,11 @@ def build_parser():
         "--port-base", type=int,
         default=int(os.environ["TFDIST_PORT_BASE"]) if os.environ.get("TFDIST_PORT_BASE") else None,
         help="first of the consecutive ports to use (env TFDIST_PORT_BASE; default: free ports)",
+    )
+    parser.add_argument(
+        "--horovod", action="store_true",
+        default=os.environ.get("TFDIST_HOROVOD", "") not in ("", "0"),
+        help="also make the ranks a Horovod (Gloo) job, as horovodrun would (env TFDIST_HOROVOD=1)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
@@ -108,6 +117,14 @@ def main(argv=None):
     group = processes.ProcessGroup()
     group.forward_signals()
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
+    if args.horovod:
+        try:
+            _, horovod_envs = horovod_rendezvous.start(args.num_proc, HOST)
+        except RuntimeError as e:
+            print(f"tfdist-run: {e}", file=sys.stderr)
+            return 1
+        for (_, env), extra in zip(envs, horovod_envs):
+            env.update(extra)
     try:
         for label, env in envs:
             group.start(label, args.command, env)

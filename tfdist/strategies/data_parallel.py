@@ -24,6 +24,7 @@ from absl import logging
 
 from tfdist import _tf
 from tfdist import runtime
+from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_hooks
 from tfdist.strategies.local_state import LocalStateSync
@@ -40,14 +41,16 @@ def _local_device(cluster):
 class DataParallelExtended(_tf.OneDeviceExtended):
     """The strategy's implementation (`strategy.extended`)."""
 
-    def __init__(self, container_strategy, make_aggregator):
+    def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
         self._cluster = runtime.cluster()
         if self._cluster.is_server:
             raise ClusterError(
                 "tfdist: this process was started as a parameter server, not a worker; "
                 "only training processes create a strategy."
             )
-        self._communicator = runtime.communicator()
+        self._communicator = runtime.communicator(engine, **engine_options)
+        self._cluster = runtime.cluster()  # now with addresses exchanged, if they were
+        self._compression = get_compression(compression)
         super().__init__(container_strategy, _local_device(self._cluster))
         world = self._cluster.world_size
         self._aggregator = make_aggregator(self._communicator) if world > 1 else None
@@ -117,22 +120,25 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _all_reduce_sum(self, values):
         return self._aggregator.all_reduce(values)
 
-    def _all_reduce(self, reduce_op, values):
+    def _all_reduce(self, reduce_op, values, compression):
         if self._aggregator is None:
             return list(values)
-        dense = [tf.convert_to_tensor(v) for v in values]
-        summed = self._aggregator.all_reduce(dense)
+        wire, contexts = zip(*[compression.compress(tf.convert_to_tensor(v)) for v in values])
+        summed = [compression.decompress(s, c)
+                  for s, c in zip(self._aggregator.all_reduce(list(wire)), contexts)]
         if reduce_op == _tf.ReduceOp.MEAN:
             summed = [s / tf.cast(self._cluster.world_size, s.dtype) for s in summed]
         return summed
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        return self._all_reduce(reduce_op, [value])[0]
+        return self._all_reduce(reduce_op, [value], NoCompression())[0]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        # Keras' optimizers all-reduce their gradients here: the compressed path.
         del options
-        return self._all_reduce(reduce_op, [v for v, _ in value_destination_pairs])
+        values = [v for v, _ in value_destination_pairs]
+        return self._all_reduce(reduce_op, values, self._compression)
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -225,6 +231,14 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     `make_aggregator`, a callable taking the process's communicator and
     returning a `tfdist.aggregation.Aggregator`.
 
+    Args:
+        make_aggregator: communicator -> `tfdist.aggregation.Aggregator`.
+        engine: the communicator's engine, "collective" (TensorFlow
+            collectives) or "horovod" (see `tfdist.runtime`).
+        engine_options: keyword arguments for `tfdist.runtime.communicator`.
+        compression: gradient compression on the wire: None, "none" or
+            "fp16" (`tfdist.aggregation.compression`).
+
     Example:
 
     ```python
@@ -236,17 +250,20 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     ```
     """
 
-    def __init__(self, make_aggregator):
+    def __init__(self, make_aggregator, engine="collective", engine_options=None,
+                 compression=None):
         keras_hooks.install()
-        extended = DataParallelExtended(self, make_aggregator)
+        extended = DataParallelExtended(self, make_aggregator, engine, engine_options or {},
+                                        compression)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         self._agree_on_random_seed()
         if extended._cluster.is_chief:  # pylint: disable=protected-access
             logging.info(
-                "tfdist %s: %d process(es), aggregator %s, launched by %s",
+                "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
                 type(self).__name__, self.world_size,
                 getattr(extended._aggregator, "name", "none"),  # pylint: disable=protected-access
+                engine, extended._compression.name,  # pylint: disable=protected-access
                 extended._cluster.launcher,  # pylint: disable=protected-access
             )
 

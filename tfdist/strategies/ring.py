@@ -2,22 +2,27 @@
 
 from absl import logging
 
+from tfdist import runtime
 from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
+from tfdist.comm.horovod import horovod_available
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
 BACKENDS = ("auto", "horovod", "collective")
 
 
 def resolve_backend(backend):
-    """Pick the engine for `backend`; "auto" means the TF collective ring for now."""
+    """The engine for `backend`.
+
+    "auto" is Horovod when it is importable and this process was started by
+    horovodrun (or `tfdist-run --horovod`), otherwise TensorFlow's collectives.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}. Got: {backend!r}")
-    if backend == "horovod":
-        raise NotImplementedError(
-            "RingAllReduceStrategy(backend='horovod') is not available in this version; "
-            "use backend='collective' (or 'auto')."
-        )
+    if backend != "auto":
+        return backend
+    if runtime.launched_with_horovod() and horovod_available():
+        return "horovod"
     return "collective"
 
 
@@ -31,9 +36,15 @@ class RingAllReduceStrategy(DataParallelStrategy):
     2 (P - 1) alpha + 2 (P - 1) / P n beta (see `RingAllReduceAggregator`).
 
     Args:
-        backend: "auto", "collective" (TensorFlow's collective ops over gRPC)
-            or "horovod".
-        fusion_threshold_bytes: largest fused gradient buffer (default 64 MiB).
+        backend: "collective" (TensorFlow's collective ops over gRPC),
+            "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun or
+            `tfdist-run --horovod`), or "auto": Horovod when it is installed
+            and the process was started by horovodrun, else "collective".
+        fusion_threshold_bytes: largest fused gradient buffer (default 64 MiB);
+            for Horovod, its HOROVOD_FUSION_THRESHOLD.
+        compression: None or "fp16": float gradients travel as float16 and
+            are cast back after the sum (half the bytes; see
+            `tfdist.aggregation.compression` for the precision guarantee).
 
     Example:
 
@@ -47,12 +58,18 @@ class RingAllReduceStrategy(DataParallelStrategy):
     ```
     """
 
-    def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_BUCKET_BYTES):
+    def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_BUCKET_BYTES,
+                 compression=None):
         self.backend = resolve_backend(backend)
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
+        engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
+                          if self.backend == "horovod" else {})
         super().__init__(
-            lambda communicator: RingAllReduceAggregator(communicator, self.fusion_threshold_bytes)
+            lambda communicator: RingAllReduceAggregator(communicator,
+                                                         self.fusion_threshold_bytes),
+            engine=self.backend, engine_options=engine_options, compression=compression,
         )
         if self.is_chief and backend == "auto":
-            logging.info("tfdist RingAllReduceStrategy: backend 'auto' resolved to %r",
-                         self.backend)
+            logging.log_first_n(logging.INFO,
+                                "tfdist RingAllReduceStrategy: backend 'auto' resolved to %r",
+                                1, self.backend)

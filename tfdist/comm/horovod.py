@@ -1,0 +1,106 @@
+"""Cross-process collectives over Horovod (Gloo, or MPI when built with it).
+
+Horovod's TensorFlow ops (`HorovodAllreduce`, `HorovodGroupedAllreduce`,
+`HorovodAllgather`, `HorovodBroadcast`) run in eager mode and inside
+`tf.function`; a background thread per process negotiates which tensors all
+ranks have submitted (matched by op name, so ranks must issue the same
+collectives, as ranks running the same script do) and executes them on the
+engine, fusing small tensors into one buffer of up to HOROVOD_FUSION_THRESHOLD
+bytes. Only Horovod's low-level ops are used: its Keras layer is broken on
+Keras 3 (horovod/horovod#4290) and tfdist's strategies replace it.
+
+Failure handling, bounded by the job timeout: tfdist sets
+HOROVOD_GLOO_TIMEOUT_SECONDS (a peer that stops answering) and
+HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (peers alive but not submitting the same
+tensors) to the timeout unless the user set them; either ends the pending ops
+with an error.
+"""
+
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist.errors import ClusterError
+
+_INSTALL_HINT = (
+    "Horovod is not installed in this environment: `make install` builds it (it needs "
+    "cmake and g++), or see scripts/install_horovod.sh."
+)
+
+
+def import_horovod():
+    """`horovod.tensorflow`, or an ImportError that says how to get it."""
+    try:
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(f"tfdist: {_INSTALL_HINT} ({e})") from e
+    return hvd
+
+
+def horovod_available():
+    try:
+        import_horovod()
+    except ImportError:
+        return False
+    return True
+
+
+class HorovodCommunicator:
+    """All-reduce, all-gather and broadcast among all training processes, by Horovod.
+
+    Create at most one per process (see `tfdist.runtime`). The process must
+    have been started by `horovodrun` or `tfdist-run --horovod`, which tell
+    Horovod where its peers are.
+
+    Args:
+        cluster: this process's `tfdist.cluster.Cluster`.
+        fusion_threshold_bytes: Horovod's fusion buffer size (tensors submitted
+            together are packed into buffers of at most this many bytes).
+            Takes effect only if Horovod is not yet initialized in the process.
+    """
+
+    fuses_tensors = True  # the engine packs a group of tensors itself
+
+    def __init__(self, cluster, fusion_threshold_bytes=None):
+        self._hvd = hvd = import_horovod()
+        self.timeout = float(cluster.timeout)
+        if hvd.is_initialized():
+            logging.info("tfdist: Horovod was already initialized; its settings are kept.")
+        else:
+            defaults = {
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self.timeout)),
+                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(self.timeout)),
+            }
+            if fusion_threshold_bytes is not None:
+                os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_bytes))
+            for name, value in defaults.items():
+                os.environ.setdefault(name, value)
+            hvd.init()
+        self.rank, self.world_size = hvd.rank(), hvd.size()
+        if (self.rank, self.world_size) != (cluster.rank, cluster.world_size):
+            raise ClusterError(
+                f"tfdist: Horovod says rank {self.rank} of {self.world_size} but the cluster "
+                f"environment says rank {cluster.rank} of {cluster.world_size}; "
+                "was this process started by horovodrun or tfdist-run --horovod?"
+            )
+        self.engine = "mpi" if hvd.mpi_enabled() else "gloo"
+
+    def all_reduce(self, tensor):
+        """Element-wise sum of `tensor` over all ranks."""
+        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
+
+    def grouped_all_reduce(self, tensors):
+        """Element-wise sums of several tensors, negotiated and fused as one group."""
+        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum)
+
+    def all_gather(self, tensor):
+        """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ)."""
+        return self._hvd.allgather(tf.convert_to_tensor(tensor))
+
+    def broadcast(self, tensor, root=0):
+        """Every rank gets `root`'s `tensor`."""
+        return self._hvd.broadcast(tf.convert_to_tensor(tensor), root_rank=root)
+
+    def barrier(self):
+        self.all_reduce(tf.zeros([1])).numpy()
