@@ -32,8 +32,9 @@ def make_methods(communicator):
 
     def raw(tensors):
         with tf.device(communicator.device):
+            # No op timeout, as tfdist inside compiled functions (see tf_collective).
             return [_tf.all_reduce_v2(t, world, WORLD_GROUP_KEY, communicator.instance_key(),
-                                      communication_hint="ring", timeout=communicator.timeout)
+                                      communication_hint="ring", timeout=0.0)
                     for t in tensors]
 
     return {

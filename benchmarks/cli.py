@@ -1,7 +1,7 @@
 """`tfdist-bench`: run the benchmarks and write results under benchmarks/results/.
 
     tfdist-bench                      # everything
-    tfdist-bench --only allreduce     # one part: allreduce, fit
+    tfdist-bench --only allreduce     # one part: allreduce, backends, fit
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,9 +35,9 @@ def environment():
     }
 
 
-def launch(np_, worker, args):
+def launch(np_, worker, args, flags=()):
     """Run `worker` under tfdist-run with np_ processes; fail loudly."""
-    command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_), sys.executable,
+    command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_), *flags, sys.executable,
                os.path.join(HERE, worker)] + [str(a) for a in args]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     print("$", " ".join(command[2:]), flush=True)
@@ -69,6 +70,14 @@ def run_allreduce(tmp):
 
 
 def plot_allreduce(rows):
+    plot_bus_bandwidth(rows, (("raw", "tab:gray"), ("tfdist", "tab:blue"),
+                              ("tfdist_16", "tab:green"), ("unfused_16", "tab:red")),
+                       "All-reduce over TF collectives (gRPC, loopback)",
+                       "allreduce_bus_bandwidth.png")
+
+
+def plot_bus_bandwidth(rows, methods, title, filename):
+    """Bus bandwidth vs payload, one line per method and process count."""
     try:
         import matplotlib
 
@@ -81,29 +90,60 @@ def plot_allreduce(rows):
     for np_, style in ((2, "-"), (4, "--")):
         subset = [r for r in rows if r["processes"] == np_]
         sizes = [r["bytes"] for r in subset]
-        for name, color in (("raw", "tab:gray"), ("tfdist", "tab:blue"),
-                            ("tfdist_16", "tab:green"), ("unfused_16", "tab:red")):
+        for name, color in methods:
             ax.plot(sizes, [r[name]["bus_bandwidth_MBps"] for r in subset], style, color=color,
                     marker="o", markersize=3, label=f"{name}, P={np_}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("payload (bytes)")
     ax.set_ylabel("bus bandwidth (MB/s)")
-    ax.set_title("All-reduce over TF collectives (gRPC, loopback)")
+    ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "allreduce_bus_bandwidth.png"), dpi=120)
+    fig.savefig(os.path.join(RESULTS, filename), dpi=120)
+
+
+def run_backends(tmp):
+    rows = []
+    for np_ in (2, 4):
+        out = os.path.join(tmp, f"backends{np_}.json")
+        launch(np_, "allreduce_backends.py", [out], flags=["--horovod"])
+        with open(out) as f:
+            rows.extend(json.load(f))
+    large = [r for r in rows if r["bytes"] >= 16 << 20]
+    summary = {
+        "tfdist_horovod_over_raw_max_16MiB_and_above": max(r["tfdist_horovod_over_raw"]
+                                                            for r in large),
+        "tfdist_horovod_16_over_raw_16_max_16MiB_and_above": max(
+            r["tfdist_horovod_16_over_raw_16"] for r in large),
+        "tfdist_horovod_over_raw_median": statistics.median(r["tfdist_horovod_over_raw"]
+                                                            for r in rows),
+        "collective_over_horovod_at_16MiB": {
+            f"P={r['processes']}": r["collective_over_horovod"]
+            for r in rows if r["bytes"] == 16 << 20},
+    }
+    result = {"environment": environment(), "summary": summary, "rows": rows,
+              "description": "median time per all-reduce of a float32 payload on each engine; "
+                             "'raw_horovod' is hvd.grouped_allreduce, 'tfdist_horovod' tfdist's "
+                             "ring aggregator on Horovod (Gloo), 'tfdist_collective' on TF "
+                             "collectives (gRPC); '_16': payload as 16 tensors; interleaved."}
+    write("allreduce_backends.json", result)
+    plot_bus_bandwidth(rows, (("raw_horovod", "tab:gray"), ("tfdist_horovod", "tab:blue"),
+                              ("tfdist_collective", "tab:red")),
+                       "All-reduce per engine (loopback)", "allreduce_backends_bus_bandwidth.png")
+    return result
 
 
 def run_fit(tmp):
     per_process_batch, threads = 64, 1
     runs = {}
-    for np_ in (1, 2):
-        out = os.path.join(tmp, f"fit{np_}.json")
-        launch(np_, "fit_step.py", [out, per_process_batch, threads])
+    for np_, backend, flags in ((1, "collective", ()), (2, "collective", ()),
+                                (2, "horovod", ("--horovod",))):
+        out = os.path.join(tmp, f"fit{np_}{backend}.json")
+        launch(np_, "fit_step.py", [out, per_process_batch, threads, backend], flags)
         with open(out) as f:
-            runs[f"{np_}_process"] = json.load(f)
+            runs[f"{np_}_process" + ("_horovod" if backend == "horovod" else "")] = json.load(f)
     # Control: two independent single-process trainings at once - the CPU contention of
     # two processes on this machine, without any communication.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFDIST_")}
@@ -120,6 +160,7 @@ def run_fit(tmp):
             independent.append(json.load(f)["median_step_ms"])
     one = runs["1_process"]["median_step_ms"]
     two = runs["2_process"]["median_step_ms"]
+    two_horovod = runs["2_process_horovod"]["median_step_ms"]
     contention = sum(independent) / len(independent)
     result = {
         "environment": environment(),
@@ -127,6 +168,8 @@ def run_fit(tmp):
         "two_independent_processes_median_step_ms": independent,
         "summary": {
             "step_time_ratio_2_over_1": two / one,
+            "step_time_ratio_2_horovod_over_1": two_horovod / one,
+            "step_time_ratio_2_horovod_over_2_collective": two_horovod / two,
             "step_time_ratio_independent_over_1": contention / one,
             "communication_share_of_2_process_step": (two - contention) / two,
         },
@@ -146,7 +189,7 @@ def write(name, result):
     print(f"wrote {path}: {json.dumps(result.get('summary', {}))}", flush=True)
 
 
-PARTS = {"allreduce": run_allreduce, "fit": run_fit}
+PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit}
 
 
 def main(argv=None):

@@ -6,7 +6,7 @@ with the number of processes (weak scaling). Steps of the first epoch
 (tracing, warm-up) are discarded; the median of the remaining step times is
 reported.
 
-Usage: fit_step.py OUT.json PER_PROCESS_BATCH INTRA_OP_THREADS
+Usage: fit_step.py OUT.json PER_PROCESS_BATCH INTRA_OP_THREADS [BACKEND]
 """
 
 import json
@@ -49,7 +49,8 @@ class StepTimer(keras.callbacks.Callback):
 def main():
     out, per_process_batch = sys.argv[1], int(sys.argv[2])
     keras.utils.set_random_seed(0)
-    strategy = tfdist.strategies.RingAllReduceStrategy()
+    backend = sys.argv[4] if len(sys.argv) > 4 else "collective"
+    strategy = tfdist.strategies.RingAllReduceStrategy(backend=backend)
     global_batch = per_process_batch * strategy.world_size
     n = global_batch * STEPS_PER_EPOCH
     rng = np.random.default_rng(0)
@@ -72,6 +73,7 @@ def main():
     if strategy.is_chief:
         result = {
             "processes": strategy.world_size,
+            "backend": backend,
             "per_process_batch": per_process_batch,
             "global_batch": global_batch,
             "parameters": int(model.count_params()),

@@ -1,0 +1,71 @@
+"""All-reduce benchmark worker across engines (run under `tfdist-run --horovod`).
+
+For each payload size, times in the same processes and interleaved:
+  raw_horovod        `hvd.grouped_allreduce` on the payload (Horovod alone);
+  tfdist_horovod     tfdist's RingAllReduceAggregator on Horovod, same tensor;
+  raw_horovod_16     the payload as 16 tensors in one `hvd.grouped_allreduce`;
+  tfdist_horovod_16  the same 16 tensors through tfdist on Horovod;
+  tfdist_collective  tfdist's RingAllReduceAggregator on TF collectives (gRPC).
+Bus bandwidth follows the NCCL convention: 2 (P - 1) / P * bytes / time.
+
+Usage: allreduce_backends.py OUT.json [SIZES]
+"""
+
+import json
+import statistics
+import sys
+
+from benchmarks.allreduce import SIZES, time_interleaved
+from tfdist import runtime
+from tfdist.aggregation.ring import RingAllReduceAggregator
+
+PIECES = 16
+
+
+def main():
+    out = sys.argv[1]
+    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
+    collective = runtime.communicator("collective")  # first: before any TensorFlow op
+    horovod = runtime.communicator("horovod")
+    hvd = horovod._hvd  # pylint: disable=protected-access
+    world = horovod.world_size
+
+    def raw(tensors):
+        return hvd.grouped_allreduce(tensors, op=hvd.Sum)
+
+    methods = {
+        "raw_horovod": (raw, 1),
+        "tfdist_horovod": (RingAllReduceAggregator(horovod).all_reduce, 1),
+        "raw_horovod_16": (raw, PIECES),
+        "tfdist_horovod_16": (RingAllReduceAggregator(horovod).all_reduce, PIECES),
+        "tfdist_collective": (RingAllReduceAggregator(collective).all_reduce, 1),
+    }
+    rows = []
+    for nbytes in sizes:
+        row = {"bytes": nbytes, "processes": world, "engine": horovod.engine}
+        rounds = 40 if nbytes <= (1 << 20) else 12 if nbytes <= (16 << 20) else 6
+        for name, times in time_interleaved(methods, nbytes, rounds).items():
+            median = statistics.median(times)
+            row[name] = {
+                "median_ms": median * 1e3,
+                "min_ms": min(times) * 1e3,
+                "iterations": len(times),
+                "bus_bandwidth_MBps": 2 * (world - 1) / world * nbytes / median / 1e6,
+            }
+        row["tfdist_horovod_over_raw"] = (row["tfdist_horovod"]["median_ms"]
+                                          / row["raw_horovod"]["median_ms"])
+        row["tfdist_horovod_16_over_raw_16"] = (row["tfdist_horovod_16"]["median_ms"]
+                                                / row["raw_horovod_16"]["median_ms"])
+        row["collective_over_horovod"] = (row["tfdist_collective"]["median_ms"]
+                                          / row["tfdist_horovod"]["median_ms"])
+        rows.append(row)
+        if horovod.rank == 0:
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                              for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+    if horovod.rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
