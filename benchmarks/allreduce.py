@@ -67,6 +67,22 @@ def time_interleaved(methods, nbytes, rounds):
     return times
 
 
+def measure(methods, nbytes, world):
+    """{method: median/min time and bus bandwidth} for one payload size."""
+    # Fixed round counts keep all ranks in step (no rank-local decisions).
+    rounds = 40 if nbytes <= (1 << 20) else 12 if nbytes <= (16 << 20) else 6
+    stats = {}
+    for name, times in time_interleaved(methods, nbytes, rounds).items():
+        median = statistics.median(times)
+        stats[name] = {
+            "median_ms": median * 1e3,
+            "min_ms": min(times) * 1e3,
+            "iterations": len(times),
+            "bus_bandwidth_MBps": 2 * (world - 1) / world * nbytes / median / 1e6,
+        }
+    return stats
+
+
 def main():
     out = sys.argv[1]
     sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
@@ -76,16 +92,7 @@ def main():
     rows = []
     for nbytes in sizes:
         row = {"bytes": nbytes, "processes": world}
-        # Fixed round counts keep all ranks in step (no rank-local decisions).
-        rounds = 40 if nbytes <= (1 << 20) else 12 if nbytes <= (16 << 20) else 6
-        for name, times in time_interleaved(methods, nbytes, rounds).items():
-            median = statistics.median(times)
-            row[name] = {
-                "median_ms": median * 1e3,
-                "min_ms": min(times) * 1e3,
-                "iterations": len(times),
-                "bus_bandwidth_MBps": 2 * (world - 1) / world * nbytes / median / 1e6,
-            }
+        row.update(measure(methods, nbytes, world))
         row["tfdist_over_raw"] = row["tfdist"]["median_ms"] / row["raw"]["median_ms"]
         row["tfdist_16_over_raw"] = row["tfdist_16"]["median_ms"] / row["raw"]["median_ms"]
         row["unfused_16_over_tfdist_16"] = (row["unfused_16"]["median_ms"]

@@ -12,10 +12,9 @@ Usage: allreduce_backends.py OUT.json [SIZES]
 """
 
 import json
-import statistics
 import sys
 
-from benchmarks.allreduce import SIZES, time_interleaved
+from benchmarks.allreduce import SIZES, measure
 from tfdist import runtime
 from tfdist.aggregation.ring import RingAllReduceAggregator
 
@@ -43,15 +42,7 @@ def main():
     rows = []
     for nbytes in sizes:
         row = {"bytes": nbytes, "processes": world, "engine": horovod.engine}
-        rounds = 40 if nbytes <= (1 << 20) else 12 if nbytes <= (16 << 20) else 6
-        for name, times in time_interleaved(methods, nbytes, rounds).items():
-            median = statistics.median(times)
-            row[name] = {
-                "median_ms": median * 1e3,
-                "min_ms": min(times) * 1e3,
-                "iterations": len(times),
-                "bus_bandwidth_MBps": 2 * (world - 1) / world * nbytes / median / 1e6,
-            }
+        row.update(measure(methods, nbytes, world))
         row["tfdist_horovod_over_raw"] = (row["tfdist_horovod"]["median_ms"]
                                           / row["raw_horovod"]["median_ms"])
         row["tfdist_horovod_16_over_raw_16"] = (row["tfdist_horovod_16"]["median_ms"]

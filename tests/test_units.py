@@ -1,9 +1,10 @@
-"""Single-process units: tensor fusion and global-batch sharding."""
+"""Single-process units: tensor fusion, gradient compression and global-batch sharding."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdist.aggregation.compression import FP16Compression, get_compression
 from tfdist.aggregation.fusion import FusionPlan
 from tfdist.strategies.sharding import shard_global_batch
 
@@ -49,3 +50,22 @@ def test_indivisible_first_batch_is_an_error():
     data = tf.data.Dataset.from_tensor_slices(np.arange(20)).batch(10)
     with pytest.raises(tf.errors.InvalidArgumentError, match="divisible by the number of processes"):
         list(shard_global_batch(data, 0, 3))
+
+
+def test_fp16_compression_halves_floats_and_restores_their_dtype():
+    compression = FP16Compression()
+    value = tf.constant([1.0, 2.5, -3.0], tf.float32)
+    wire, context = compression.compress(value)
+    assert wire.dtype == tf.float16 and context == tf.float32
+    restored = compression.decompress(wire, context)
+    assert restored.dtype == tf.float32
+    np.testing.assert_array_equal(restored.numpy(), value.numpy())
+    counts = tf.constant([3, 4], tf.int64)
+    wire, context = compression.compress(counts)
+    assert wire is counts and context is None
+
+
+def test_unknown_compression_is_a_clear_error():
+    with pytest.raises(ValueError, match="compression must be one of.*Got: 'int8'"):
+        get_compression("int8")
+    assert get_compression(None).name == "none"
