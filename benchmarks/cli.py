@@ -1,7 +1,7 @@
 """`tfdist-bench`: run the benchmarks and write results under benchmarks/results/.
 
     tfdist-bench                      # everything
-    tfdist-bench --only allreduce     # one part: allreduce, backends, fit
+    tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -189,7 +189,27 @@ def write(name, result):
     print(f"wrote {path}: {json.dumps(result.get('summary', {}))}", flush=True)
 
 
-PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit}
+def run_compression(tmp):
+    per_backend = {}
+    for backend in ("horovod", "collective"):
+        out = os.path.join(tmp, f"wire_{backend}.json")
+        launch(2, "wire_bytes.py", [out, backend], flags=["--horovod"])
+        with open(out) as f:
+            per_backend[backend] = json.load(f)
+    result = {
+        "environment": environment(),
+        "summary": {f"{b}_fp16_over_none": r["fp16_over_none"] for b, r in per_backend.items()},
+        "backends": per_backend,
+        "description": "bytes counted on the loopback interface per 16 MiB float32 gradient "
+                       "all-reduce through the strategy's gradient path, 2 processes, without "
+                       "and with compression='fp16'; max_abs_error is against the exact sum.",
+    }
+    write("fp16_wire_bytes.json", result)
+    return result
+
+
+PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
+         "compression": run_compression}
 
 
 def main(argv=None):

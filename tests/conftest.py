@@ -33,6 +33,7 @@ def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
     for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
         env.pop(stale, None)
     env["TFDIST_TIMEOUT"] = str(run_timeout)
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stack
     env.update(extra_env or {})
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     command = [launcher, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",

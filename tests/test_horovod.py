@@ -6,12 +6,13 @@ test_equivalence: every world size reproduces the single-process training.
 """
 
 import json
+import os
 import time
 
 import numpy as np
 import pytest
 
-from conftest import horovodrun, script, tfdist_run
+from conftest import REPO, horovodrun, script, tfdist_run
 
 TOLERANCE = 1e-4
 FP16_TOLERANCE = 2e-2
@@ -75,7 +76,8 @@ def test_tfdist_run_launches_the_horovod_backend_and_fp16_stays_close(reference,
 @pytest.mark.parametrize("backend", ["horovod", "collective"])
 def test_fp16_compression_halves_the_bytes_on_the_wire(tmp_path, backend):
     out = tmp_path / "wire.json"
-    done = horovod_tfdist_run(2, [script("wire_bytes.py"), str(out), backend], timeout=300)
+    worker = os.path.join(REPO, "benchmarks", "wire_bytes.py")  # also run by make bench
+    done = horovod_tfdist_run(2, [worker, str(out), backend], timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     # A 2-process ring sends the payload once per rank each way: ~2x payload in all.

@@ -1,4 +1,4 @@
-"""Worker script: bytes that one gradient all-reduce puts on the loopback wire.
+"""Worker script (run under `tfdist-run --horovod`): bytes one gradient all-reduce puts on the wire.
 
 Usage: python wire_bytes.py OUT.json BACKEND
 For compression "none" and "fp16", all-reduces a 16 MiB float32 gradient
