@@ -83,6 +83,15 @@ def measure(methods, nbytes, world):
     return stats
 
 
+def add_ratios(row, ratios, show):
+    """row[name] = median of a / median of b for each name: (a, b); print the row if `show`."""
+    for name, (a, b) in ratios.items():
+        row[name] = row[a]["median_ms"] / row[b]["median_ms"]
+    if show:
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                          for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+
+
 def main():
     out = sys.argv[1]
     sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
@@ -93,14 +102,11 @@ def main():
     for nbytes in sizes:
         row = {"bytes": nbytes, "processes": world}
         row.update(measure(methods, nbytes, world))
-        row["tfdist_over_raw"] = row["tfdist"]["median_ms"] / row["raw"]["median_ms"]
-        row["tfdist_16_over_raw"] = row["tfdist_16"]["median_ms"] / row["raw"]["median_ms"]
-        row["unfused_16_over_tfdist_16"] = (row["unfused_16"]["median_ms"]
-                                           / row["tfdist_16"]["median_ms"])
+        add_ratios(row, {"tfdist_over_raw": ("tfdist", "raw"),
+                         "tfdist_16_over_raw": ("tfdist_16", "raw"),
+                         "unfused_16_over_tfdist_16": ("unfused_16", "tfdist_16")},
+                   communicator.rank == 0)
         rows.append(row)
-        if communicator.rank == 0:
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                              for k, v in row.items() if not isinstance(v, dict)}), flush=True)
     if communicator.rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)

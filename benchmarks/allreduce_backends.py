@@ -14,7 +14,7 @@ Usage: allreduce_backends.py OUT.json [SIZES]
 import json
 import sys
 
-from benchmarks.allreduce import SIZES, measure
+from benchmarks.allreduce import SIZES, add_ratios, measure
 from tfdist import runtime
 from tfdist.aggregation.ring import RingAllReduceAggregator
 
@@ -43,16 +43,11 @@ def main():
     for nbytes in sizes:
         row = {"bytes": nbytes, "processes": world, "engine": horovod.engine}
         row.update(measure(methods, nbytes, world))
-        row["tfdist_horovod_over_raw"] = (row["tfdist_horovod"]["median_ms"]
-                                          / row["raw_horovod"]["median_ms"])
-        row["tfdist_horovod_16_over_raw_16"] = (row["tfdist_horovod_16"]["median_ms"]
-                                                / row["raw_horovod_16"]["median_ms"])
-        row["collective_over_horovod"] = (row["tfdist_collective"]["median_ms"]
-                                          / row["tfdist_horovod"]["median_ms"])
+        add_ratios(row, {"tfdist_horovod_over_raw": ("tfdist_horovod", "raw_horovod"),
+                         "tfdist_horovod_16_over_raw_16": ("tfdist_horovod_16", "raw_horovod_16"),
+                         "collective_over_horovod": ("tfdist_collective", "tfdist_horovod")},
+                   horovod.rank == 0)
         rows.append(row)
-        if horovod.rank == 0:
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                              for k, v in row.items() if not isinstance(v, dict)}), flush=True)
     if horovod.rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
