@@ -4,6 +4,7 @@
     python examples/digits.py                                 # the same script, one process
     tfdist-run -np 2 python examples/digits.py --strategy ring --epochs 20
     horovodrun -np 2 python examples/digits.py --strategy ring   # Horovod's ring (auto backend)
+    tfdist-run -np 3 python examples/digits.py --strategy tree   # reduction tree (fanout 2)
 
 The data set (1,797 images, 10 classes) ships with scikit-learn: nothing is
 downloaded. `--batch-size` is the global batch, split across the processes.
@@ -25,6 +26,8 @@ import tfdist  # noqa: E402
 STRATEGIES = {
     "ring": lambda args: tfdist.strategies.RingAllReduceStrategy(
         backend=args.backend, compression=args.compression),
+    "tree": lambda args: tfdist.strategies.ReductionTreeStrategy(
+        fanout=args.fanout, compression=args.compression),
 }
 
 
@@ -56,16 +59,21 @@ def main():
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
     parser.add_argument("--backend", choices=["auto", "collective", "horovod"], default="auto",
                         help="ring all-reduce engine (ring strategy)")
+    parser.add_argument("--fanout", type=int, default=2, help="tree fanout (tree strategy)")
     parser.add_argument("--compression", choices=["none", "fp16"], default="none",
                         help="gradient compression on the wire")
     parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="global batch size (default: 64, rounded up to a multiple of the "
+                             "number of processes)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     args = parser.parse_args()
 
     keras.utils.set_random_seed(0)
     strategy = STRATEGIES[args.strategy](args)
     (x_train, y_train), (x_val, y_val) = load_data()
+    if args.batch_size is None:
+        args.batch_size = -(-64 // strategy.world_size) * strategy.world_size
     with strategy.scope():
         model = build_model()
         model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),

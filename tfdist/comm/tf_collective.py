@@ -39,6 +39,7 @@ from tfdist.errors import ClusterError
 from tfdist.launch.ports import port_is_free
 
 WORLD_GROUP_KEY = 1
+FIRST_PAIR_GROUP_KEY = 1000  # group keys of the two-rank groups used for point-to-point
 FIRST_INSTANCE_KEY = 100
 HEALTH_CHECK_INTERVAL_SECONDS = 2.0
 HEALTH_CHECK_FAILURES_BEFORE_ABORT = 2
@@ -238,9 +239,18 @@ class CollectiveCommunicator:
         inside Keras' `steps_per_execution` loop: deferred captures cannot
         cross `tf.cond` / `tf.while_loop` graphs.)
         """
+        return self.reserve_instance_keys(1)
+
+    def reserve_instance_keys(self, count):
+        """The first of `count` consecutive instance keys, all reserved.
+
+        Algorithms whose collectives differ per rank (a tree: leaves only
+        send, inner nodes receive too) reserve the same block on every rank
+        and index into it, which keeps the counter in step across ranks.
+        """
         with self._key_lock:
             key = self._next_key
-            self._next_key += 1
+            self._next_key += int(count)
         return key
 
     # ------------------------------------------------------------ collectives
@@ -291,6 +301,35 @@ class CollectiveCommunicator:
                 tf.shape(tensor), tensor.dtype, self.world_size, WORLD_GROUP_KEY, key,
                 communication_hint="ring", timeout=self._op_timeout(),
             )
+
+    def pair_group_key(self, peer):
+        """The group key of the two-rank group {this rank, peer}, same on both sides."""
+        low, high = sorted((self.rank, peer))
+        return FIRST_PAIR_GROUP_KEY + low * self.world_size + high
+
+    def send(self, tensor, peer, instance_key):
+        """Send `tensor` to rank `peer`, which calls `recv` with the same instance key.
+
+        A broadcast in the two-rank group {this rank, peer}: TensorFlow's
+        in-graph point-to-point transfer across processes. Returns the send op
+        (it completes when the peer has received).
+        """
+        with tf.device(self.device):
+            return _tf.broadcast_send_v2(
+                tensor, 2, self.pair_group_key(peer), instance_key,
+                communication_hint="ring", timeout=self._op_timeout(),
+            )
+
+    def recv(self, shape, dtype, peer, instance_key):
+        """Receive the tensor that rank `peer` sends with the same instance key."""
+        with tf.device(self.device):
+            tensor = _tf.broadcast_recv_v2(
+                tf.constant(shape.as_list() if isinstance(shape, tf.TensorShape) else shape,
+                            dtype=tf.int32),
+                dtype, 2, self.pair_group_key(peer), instance_key,
+                communication_hint="ring", timeout=self._op_timeout(),
+            )
+        return tf.ensure_shape(tensor, shape)
 
     def barrier(self):
         """Return once every rank has called `barrier` (eager)."""

@@ -2,5 +2,6 @@
 
 from tfdist.strategies.data_parallel import DataParallelStrategy
 from tfdist.strategies.ring import RingAllReduceStrategy
+from tfdist.strategies.tree import ReductionTreeStrategy
 
-__all__ = ["DataParallelStrategy", "RingAllReduceStrategy"]
+__all__ = ["DataParallelStrategy", "RingAllReduceStrategy", "ReductionTreeStrategy"]

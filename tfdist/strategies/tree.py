@@ -1,0 +1,48 @@
+"""`ReductionTreeStrategy`: gradients summed up a k-ary tree and sent back down."""
+
+from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES
+from tfdist.aggregation.tree import (DEFAULT_CHUNK_BYTES, ReductionTreeAggregator,
+                                    validate_fanout)
+from tfdist.strategies.data_parallel import DataParallelStrategy
+
+
+class ReductionTreeStrategy(DataParallelStrategy):
+    """Synchronous data parallelism with a reduction tree (FireCaffe) of the gradients.
+
+    Each step, every process computes gradients on its slice of the global
+    batch; the gradients are summed up a k-ary tree of the processes
+    (heap order, rank 0 at the root) and the sum is sent back down, in
+    pipelined chunks, over TensorFlow's in-graph point-to-point transfers.
+    Every process then applies the same update as a single process on the
+    whole batch. Any number of processes works; `fanout >= processes - 1` is
+    a star around rank 0. Cost for n bytes over P processes with depth
+    d = ceil(log_k((k - 1) P + 1)) - 1 and C chunks:
+    2 (d + C - 1) (alpha + k n / C beta) (see `ReductionTreeAggregator`):
+    fewer latency terms than the ring (log P instead of P), more bytes per
+    level, so it suits small models and many processes.
+
+    Args:
+        fanout: children per tree node (k >= 2).
+        chunk_bytes: size of the pipelined chunks (default 4 MiB).
+        fusion_threshold_bytes: largest fused gradient buffer (default 64 MiB).
+        compression: None or "fp16" (see `RingAllReduceStrategy`).
+
+    Example:
+
+    ```python
+    strategy = tfdist.strategies.ReductionTreeStrategy(fanout=2)
+    with strategy.scope():
+        model = keras.Sequential([...])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=256, epochs=10)   # launched by: tfdist-run -np 5 python train.py
+    ```
+    """
+
+    def __init__(self, fanout=2, chunk_bytes=DEFAULT_CHUNK_BYTES,
+                 fusion_threshold_bytes=DEFAULT_BUCKET_BYTES, compression=None):
+        self.fanout = validate_fanout(fanout)
+        super().__init__(
+            lambda communicator: ReductionTreeAggregator(
+                communicator, fanout, chunk_bytes, fusion_threshold_bytes),
+            engine="collective", compression=compression,
+        )
