@@ -6,10 +6,11 @@
   mismatch         rank 1 builds a wider layer than rank 0
   uneven           rank 1 passes less data than rank 0
   stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
+Add --strategy tree to train with a ReductionTreeStrategy (fanout 2) instead of the ring.
 """
 
+import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,8 +39,14 @@ class CrashAt(keras.callbacks.Callback):
 
 
 def main():
-    mode = sys.argv[1]
-    strategy = tfdist.strategies.RingAllReduceStrategy()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode")
+    parser.add_argument("rank", nargs="?", type=int, default=1)
+    parser.add_argument("--strategy", choices=["ring", "tree"], default="ring")
+    args = parser.parse_args()
+    mode = args.mode
+    strategy = (tfdist.strategies.ReductionTreeStrategy(fanout=2) if args.strategy == "tree"
+                else tfdist.strategies.RingAllReduceStrategy())
     width = 8 + (4 if mode == "mismatch" and strategy.rank == 1 else 0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width),
@@ -50,7 +57,7 @@ def main():
     y = x.sum(axis=1, keepdims=True)
     callbacks = []
     if mode == "crash":
-        callbacks = [CrashAt(int(sys.argv[2]), strategy)]
+        callbacks = [CrashAt(args.rank, strategy)]
     elif mode == "stall":
         callbacks = [CrashAt(1, strategy, stall=True)]
     batch = 50 if mode == "indivisible" else 24

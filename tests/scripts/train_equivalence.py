@@ -1,8 +1,11 @@
 """Worker script: train a small Conv+Dense model; rank 0 writes weights and history.
 
 Usage: python train_equivalence.py OUT [--configs adam,sgd_shuffle,adam_tfdata]
+                                        [--strategy ring|tree --fanouts 2,3]
 Every rank writes OUT.rank<R>.npz (weights, history, evaluate and predict
-results per configuration) so tests can compare world sizes and ranks.
+results per configuration, keys "<config>/<name>"; for the tree, one run per
+fanout in the same processes, keys "fanout<k>/<config>/<name>") so tests can
+compare world sizes and ranks.
 """
 
 import argparse
@@ -49,17 +52,18 @@ CONFIGS = {
 }
 
 
-def train(strategy, optimizer, shuffle, input_kind, steps_per_execution, epochs, batch):
+def train(strategy, optimizer, shuffle, input_kind, steps_per_execution, epochs, batch, rows):
     """Train one configuration from the same seed; return arrays to compare."""
     keras.utils.set_random_seed(1234)
-    x, y = make_data()
+    x, y = make_data(rows)
+    n_train = rows * 5 // 6
     with strategy.scope():
         model = build_model(optimizer, steps_per_execution)
     if input_kind == "tfdata":
-        train_data = tf.data.Dataset.from_tensor_slices((x[:240], y[:240]))
+        train_data = tf.data.Dataset.from_tensor_slices((x[:n_train], y[:n_train]))
         if shuffle:
-            train_data = train_data.shuffle(240, seed=7)
-        val_data = tf.data.Dataset.from_tensor_slices((x[240:], y[240:])).batch(batch)
+            train_data = train_data.shuffle(n_train, seed=7)
+        val_data = tf.data.Dataset.from_tensor_slices((x[n_train:], y[n_train:])).batch(batch)
         history = model.fit(train_data.batch(batch), epochs=epochs, verbose=0,
                             validation_data=val_data)
     else:
@@ -80,19 +84,29 @@ def main():
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=48)
+    parser.add_argument("--rows", type=int, default=288, help="examples (5/6 train, 1/6 val)")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--compression", default=None)
+    parser.add_argument("--strategy", choices=["ring", "tree"], default="ring")
+    parser.add_argument("--fanouts", default="2", help="tree fanouts, one training each")
     args = parser.parse_args()
 
-    strategy = tfdist.strategies.RingAllReduceStrategy(backend=args.backend,
-                                                       compression=args.compression)
-    if strategy.is_chief:
-        print("backend", strategy.backend, flush=True)
+    if args.strategy == "ring":
+        strategies = {"": tfdist.strategies.RingAllReduceStrategy(backend=args.backend,
+                                                                  compression=args.compression)}
+        if strategies[""].is_chief:
+            print("backend", strategies[""].backend, flush=True)
+    else:
+        strategies = {f"fanout{k}/": tfdist.strategies.ReductionTreeStrategy(
+            fanout=int(k), compression=args.compression) for k in args.fanouts.split(",")}
     arrays = {}
-    for name in args.configs.split(","):
-        result = train(strategy, *CONFIGS[name], args.epochs, args.batch)
-        arrays.update({f"{name}/{k}": v for k, v in result.items()})
-        print(name, "loss", [round(float(a), 5) for a in result["h_loss"]], flush=True)
+    for prefix, strategy in strategies.items():
+        for name in args.configs.split(","):
+            result = train(strategy, *CONFIGS[name], args.epochs, args.batch,
+                           args.rows)
+            arrays.update({f"{prefix}{name}/{k}": v for k, v in result.items()})
+            print(prefix + name, "loss", [round(float(a), 5) for a in result["h_loss"]],
+                  flush=True)
     np.savez(f"{args.out}.rank{strategy.rank}.npz", **arrays)
 
 

@@ -56,7 +56,7 @@ def predict_all_reduce_seconds(algorithm, n_bytes, world_size, alpha, beta, fano
     Example:
 
     >>> predict_all_reduce_seconds("ring", 4 << 20, 4, alpha=1e-4, beta=1e-9)
-    0.0069...
+    0.00689...
     """
     if algorithm == "ring":
         return ring_seconds(n_bytes, world_size, alpha, beta)

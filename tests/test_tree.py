@@ -1,0 +1,76 @@
+"""ReductionTreeStrategy: same training as one process for any world size and fanout,
+and a rank that dies in the middle of a reduction fails the others clearly.
+
+One launch per world size trains with fanout 2 and fanout 3 in the same
+processes. Tree shapes covered (heap order): P=3 is a star for both fanouts;
+P=5 has depth 2 for both (fanout 2: 0-{1,2}, 1-{3,4}; fanout 3: 0-{1,2,3},
+1-{4}); P=2 and P=4 (star for fanout 3, full binary tree for fanout 2) run in
+`make test-all`.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import script, tfdist_run
+from test_failures import run_ranks_with_tf_config
+
+TOLERANCE = 1e-4
+FANOUTS = (2, 3)
+CONFIGS = ("adam", "adam_tfdata")  # numpy input; shuffled tf.data with steps_per_execution=2
+TRAINING = ["--batch", "60", "--rows", "360", "--configs", ",".join(CONFIGS)]
+
+
+def train_tree(tmp_path, world):
+    prefix = str(tmp_path / f"tree{world}")
+    fanouts = "2" if world == 1 else ",".join(map(str, FANOUTS))
+    done = tfdist_run(world, [script("train_equivalence.py"), prefix, "--strategy", "tree",
+                              "--fanouts", fanouts] + TRAINING, timeout=900, run_timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return train_tree(tmp_path_factory.mktemp("tree"), 1)[0]
+
+
+def max_abs_difference(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+@pytest.mark.parametrize("world", [
+    pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow), 5])
+def test_tree_trains_like_one_process(one_process, tmp_path, world):
+    ranks = train_tree(tmp_path, world)
+    for fanout in FANOUTS:
+        for config in CONFIGS:
+            names = [k.split("/", 2)[2] for k in one_process if k.startswith(f"fanout2/{config}/")]
+            assert "h_loss" in names and "predictions" in names
+            diff = max_abs_difference(
+                {n: one_process[f"fanout2/{config}/{n}"] for n in names},
+                {n: ranks[0][f"fanout{fanout}/{config}/{n}"] for n in names})
+            assert diff <= TOLERANCE, (
+                f"fanout {fanout}, {config}: {world} processes differ from 1 by {diff}")
+    # The root's sum is sent to every rank: all ranks hold bit-identical weights.
+    for rank in range(1, world):
+        assert max_abs_difference(ranks[0], ranks[rank]) == 0.0
+
+
+def test_rank_dying_mid_reduction_fails_the_others_naming_it():
+    """4 ranks, fanout 2: rank 1 is an inner node (parent of rank 3). When it dies, its
+    parent (the root) and its child are both stuck in a transfer with it; each must fail
+    by itself (no launcher to kill them) with a message naming rank 1."""
+    procs, addresses = run_ranks_with_tf_config([0, 1, 2, 3], 4, ["crash", "1", "--strategy",
+                                                                   "tree"], timeout_s=60)
+    start = time.monotonic()
+    outputs = {rank: proc.communicate(timeout=180)[0] for rank, proc in procs.items()}
+    elapsed = time.monotonic() - start
+    assert procs[1].returncode == 3, outputs[1][-2000:]
+    for rank in (0, 2, 3):
+        assert procs[rank].returncode != 0, outputs[rank][-2000:]
+        assert "peer rank 1" in outputs[rank] and addresses[1] in outputs[rank], \
+            outputs[rank][-3000:]
+    assert elapsed < 60, f"the dead inner node was detected only after {elapsed:.0f} s"
