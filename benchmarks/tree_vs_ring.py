@@ -1,0 +1,49 @@
+"""Tree vs ring benchmark worker (run under `tfdist-run --horovod`; rank 0 writes JSON).
+
+For each payload size, times in the same processes and interleaved:
+  tree               tfdist's ReductionTreeAggregator (fanout 2) on TF collectives;
+  ring_collective    tfdist's RingAllReduceAggregator on TF collectives (gRPC);
+  ring_horovod       tfdist's RingAllReduceAggregator on Horovod (Gloo).
+
+Usage: tree_vs_ring.py OUT.json [SIZES]
+"""
+
+import json
+import sys
+
+from benchmarks.allreduce import SIZES, add_ratios, measure
+from tfdist import runtime
+from tfdist.aggregation.ring import RingAllReduceAggregator
+from tfdist.aggregation.tree import ReductionTreeAggregator
+
+FANOUT = 2
+
+
+def main():
+    out = sys.argv[1]
+    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
+    collective = runtime.communicator("collective")  # first: before any TensorFlow op
+    horovod = runtime.communicator("horovod")
+    world = collective.world_size
+    tree = ReductionTreeAggregator(collective, fanout=FANOUT)
+    methods = {
+        "tree": (tree.all_reduce, 1),
+        "ring_collective": (RingAllReduceAggregator(collective).all_reduce, 1),
+        "ring_horovod": (RingAllReduceAggregator(horovod).all_reduce, 1),
+    }
+    rows = []
+    for nbytes in sizes:
+        row = {"bytes": nbytes, "processes": world, "fanout": FANOUT,
+               "chunk_bytes": tree.chunk_bytes}
+        row.update(measure(methods, nbytes, world))
+        add_ratios(row, {"tree_over_ring_collective": ("tree", "ring_collective"),
+                         "tree_over_ring_horovod": ("tree", "ring_horovod")},
+                   collective.rank == 0)
+        rows.append(row)
+    if collective.rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
