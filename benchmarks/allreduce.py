@@ -92,24 +92,32 @@ def add_ratios(row, ratios, show):
                           for k, v in row.items() if not isinstance(v, dict)}), flush=True)
 
 
-def main():
-    out = sys.argv[1]
-    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
-    communicator = runtime.communicator()
-    world = communicator.world_size
-    methods = make_methods(communicator)
+def output_and_sizes(argv):
+    """(OUT.json, payload sizes) from a worker's command line: OUT.json [SIZES]."""
+    return argv[1], [int(s) for s in argv[2].split(",")] if len(argv) > 2 else SIZES
+
+
+def run_sizes(out, sizes, methods, ratios, rank, world, **fields):
+    """Measure every size, print each row's ratios on rank 0, and write the rows there."""
     rows = []
     for nbytes in sizes:
-        row = {"bytes": nbytes, "processes": world}
+        row = {"bytes": nbytes, "processes": world, **fields}
         row.update(measure(methods, nbytes, world))
-        add_ratios(row, {"tfdist_over_raw": ("tfdist", "raw"),
-                         "tfdist_16_over_raw": ("tfdist_16", "raw"),
-                         "unfused_16_over_tfdist_16": ("unfused_16", "tfdist_16")},
-                   communicator.rank == 0)
+        add_ratios(row, ratios, rank == 0)
         rows.append(row)
-    if communicator.rank == 0:
+    if rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def main():
+    out, sizes = output_and_sizes(sys.argv)
+    communicator = runtime.communicator()
+    run_sizes(out, sizes, make_methods(communicator),
+              {"tfdist_over_raw": ("tfdist", "raw"),
+               "tfdist_16_over_raw": ("tfdist_16", "raw"),
+               "unfused_16_over_tfdist_16": ("unfused_16", "tfdist_16")},
+              communicator.rank, communicator.world_size)
 
 
 if __name__ == "__main__":

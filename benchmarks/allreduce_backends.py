@@ -11,10 +11,9 @@ Bus bandwidth follows the NCCL convention: 2 (P - 1) / P * bytes / time.
 Usage: allreduce_backends.py OUT.json [SIZES]
 """
 
-import json
 import sys
 
-from benchmarks.allreduce import SIZES, add_ratios, measure
+from benchmarks.allreduce import output_and_sizes, run_sizes
 from tfdist import runtime
 from tfdist.aggregation.ring import RingAllReduceAggregator
 
@@ -22,8 +21,7 @@ PIECES = 16
 
 
 def main():
-    out = sys.argv[1]
-    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
+    out, sizes = output_and_sizes(sys.argv)
     collective = runtime.communicator("collective")  # first: before any TensorFlow op
     horovod = runtime.communicator("horovod")
     hvd = horovod._hvd  # pylint: disable=protected-access
@@ -39,18 +37,11 @@ def main():
         "tfdist_horovod_16": (RingAllReduceAggregator(horovod).all_reduce, PIECES),
         "tfdist_collective": (RingAllReduceAggregator(collective).all_reduce, 1),
     }
-    rows = []
-    for nbytes in sizes:
-        row = {"bytes": nbytes, "processes": world, "engine": horovod.engine}
-        row.update(measure(methods, nbytes, world))
-        add_ratios(row, {"tfdist_horovod_over_raw": ("tfdist_horovod", "raw_horovod"),
-                         "tfdist_horovod_16_over_raw_16": ("tfdist_horovod_16", "raw_horovod_16"),
-                         "collective_over_horovod": ("tfdist_collective", "tfdist_horovod")},
-                   horovod.rank == 0)
-        rows.append(row)
-    if horovod.rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f, indent=1)
+    run_sizes(out, sizes, methods,
+              {"tfdist_horovod_over_raw": ("tfdist_horovod", "raw_horovod"),
+               "tfdist_horovod_16_over_raw_16": ("tfdist_horovod_16", "raw_horovod_16"),
+               "collective_over_horovod": ("tfdist_collective", "tfdist_horovod")},
+              horovod.rank, world, engine=horovod.engine)
 
 
 if __name__ == "__main__":

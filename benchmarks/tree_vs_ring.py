@@ -8,10 +8,9 @@ For each payload size, times in the same processes and interleaved:
 Usage: tree_vs_ring.py OUT.json [SIZES]
 """
 
-import json
 import sys
 
-from benchmarks.allreduce import SIZES, add_ratios, measure
+from benchmarks.allreduce import output_and_sizes, run_sizes
 from tfdist import runtime
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.aggregation.tree import ReductionTreeAggregator
@@ -20,8 +19,7 @@ FANOUT = 2
 
 
 def main():
-    out = sys.argv[1]
-    sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES
+    out, sizes = output_and_sizes(sys.argv)
     collective = runtime.communicator("collective")  # first: before any TensorFlow op
     horovod = runtime.communicator("horovod")
     world = collective.world_size
@@ -31,18 +29,10 @@ def main():
         "ring_collective": (RingAllReduceAggregator(collective).all_reduce, 1),
         "ring_horovod": (RingAllReduceAggregator(horovod).all_reduce, 1),
     }
-    rows = []
-    for nbytes in sizes:
-        row = {"bytes": nbytes, "processes": world, "fanout": FANOUT,
-               "chunk_bytes": tree.chunk_bytes}
-        row.update(measure(methods, nbytes, world))
-        add_ratios(row, {"tree_over_ring_collective": ("tree", "ring_collective"),
-                         "tree_over_ring_horovod": ("tree", "ring_horovod")},
-                   collective.rank == 0)
-        rows.append(row)
-    if collective.rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f, indent=1)
+    run_sizes(out, sizes, methods,
+              {"tree_over_ring_collective": ("tree", "ring_collective"),
+               "tree_over_ring_horovod": ("tree", "ring_horovod")},
+              collective.rank, world, fanout=FANOUT, chunk_bytes=tree.chunk_bytes)
 
 
 if __name__ == "__main__":
