@@ -5,6 +5,8 @@
     tfdist-run -np 2 python examples/digits.py --strategy ring --epochs 20
     horovodrun -np 2 python examples/digits.py --strategy ring   # Horovod's ring (auto backend)
     tfdist-run -np 3 python examples/digits.py --strategy tree   # reduction tree (fanout 2)
+    tfdist-run -np 3 --num-servers 1 python examples/digits.py --strategy ps   # parameter server
+    horovodrun -np 2 python examples/digits.py --strategy ps     # one server per worker
 
 The data set (1,797 images, 10 classes) ships with scikit-learn: nothing is
 downloaded. `--batch-size` is the global batch, split across the processes.
@@ -28,6 +30,7 @@ STRATEGIES = {
         backend=args.backend, compression=args.compression),
     "tree": lambda args: tfdist.strategies.ReductionTreeStrategy(
         fanout=args.fanout, compression=args.compression),
+    "ps": lambda args: tfdist.strategies.ParameterServerStrategy(compression=args.compression),
 }
 
 

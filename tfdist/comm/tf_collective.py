@@ -279,6 +279,15 @@ class CollectiveCommunicator:
             keep = tf.ragged.range(starts, starts + all_rows).flat_values
             return tf.gather(gathered, keep)
 
+    def all_gather_strings(self, text, max_bytes=1024):
+        """Every rank's `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""
+        data = text.encode()
+        if len(data) > max_bytes:
+            raise ValueError(f"string of {len(data)} bytes exceeds {max_bytes}. Got: {text!r}")
+        codes = tf.constant(list(data) + [0] * (max_bytes - len(data)), tf.int32)
+        gathered = self._gather_equal(codes[None]).numpy()
+        return [bytes(int(c) for c in row if c).decode() for row in gathered]
+
     def _gather_equal(self, tensor):
         return _tf.all_gather_v2(
             tensor, self.world_size, WORLD_GROUP_KEY, self.instance_key(),

@@ -1,7 +1,9 @@
 """tf.distribute strategies for multi-process Keras 3 training."""
 
 from tfdist.strategies.data_parallel import DataParallelStrategy
+from tfdist.strategies.parameter_server import ParameterServerStrategy
 from tfdist.strategies.ring import RingAllReduceStrategy
 from tfdist.strategies.tree import ReductionTreeStrategy
 
-__all__ = ["DataParallelStrategy", "RingAllReduceStrategy", "ReductionTreeStrategy"]
+__all__ = ["DataParallelStrategy", "RingAllReduceStrategy", "ReductionTreeStrategy",
+           "ParameterServerStrategy"]

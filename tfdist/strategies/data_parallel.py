@@ -53,7 +53,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._compression = get_compression(compression)
         super().__init__(container_strategy, _local_device(self._cluster))
         world = self._cluster.world_size
-        self._aggregator = make_aggregator(self._communicator) if world > 1 else None
+        # Dedicated parameter servers take part even with one worker.
+        needs_aggregator = world > 1 or bool(self._cluster.server_addresses)
+        self._aggregator = make_aggregator(self._communicator) if needs_aggregator else None
         self._local_state = (
             LocalStateSync(self, self._all_reduce_sum, world) if world > 1 else None
         )

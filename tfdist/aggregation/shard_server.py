@@ -1,0 +1,205 @@
+"""The server side of the parameter server: one shard server sums what the workers push.
+
+Each worker sends the pieces it owns on this server in one fixed order
+(`ParameterServerAggregator` chains its calls), so the server needs no
+knowledge of the model: per worker it keeps an inbox and an outbox queue
+(per wire dtype). A reducer thread takes the next piece from every inbox,
+checks that all workers sent the same piece of the same step, adds them in
+worker order (deterministic), and puts the sum into every outbox; a worker's
+pull takes the next sum from its outbox.
+
+Waits are queue operations: asynchronous TensorFlow kernels, so a pull that
+waits for slower workers holds a gRPC thread but never a TensorFlow
+inter-op thread (8 workers and 2 servers on 2 cores do not deadlock). The
+per-worker clocks (last step pushed) and the queues serve the asynchronous
+modes too: there a reducer applies each piece as it arrives.
+
+Liveness: workers call `heartbeat` every `HEARTBEAT_INTERVAL_SECONDS` and
+say goodbye at exit. A worker silent for `WORKER_SILENCE_LIMIT_SECONDS`
+(or one that never shows up within the job timeout) fails the server with a
+message naming it; the server then closes its queues, so workers waiting on
+it fail too instead of hanging. When every worker has said goodbye the
+server stops cleanly.
+"""
+
+import threading
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist.comm import tf_rpc
+
+WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
+HEARTBEAT_INTERVAL_SECONDS = 2.0
+WORKER_SILENCE_LIMIT_SECONDS = 15.0
+QUEUE_CAPACITY = 1 << 20
+HELLO, GOODBYE = 0, 1
+
+
+def push_method(wire):
+    return f"push_{wire}"
+
+
+def pull_method(wire):
+    return f"pull_{wire}"
+
+
+def pull_specs(wire):
+    return (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
+            tf.TensorSpec([None], WIRE_DTYPES[wire]))
+
+
+class ShardServer:
+    """Sums, step by step, the pieces pushed by `num_workers` workers.
+
+    Args:
+        address: "host:port" to serve on.
+        num_workers: number of training processes P.
+        name: how messages name this server, e.g. "parameter server 0 (host:port)".
+        timeout: seconds to wait for a worker to show up.
+    """
+
+    def __init__(self, address, num_workers, name, timeout):
+        self.address = address
+        self.num_workers = int(num_workers)
+        self.name = name
+        self.timeout = float(timeout)
+        self.error = None
+        self._stopped = threading.Event()
+        workers = range(self.num_workers)
+        self._inbox = {wire: [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64, tf.int64, dtype])
+                              for _ in workers] for wire, dtype in WIRE_DTYPES.items()}
+        self._outbox = {wire: [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64, tf.int64, dtype])
+                               for _ in workers] for wire, dtype in WIRE_DTYPES.items()}
+        self.clock = tf.Variable(tf.fill([self.num_workers], tf.constant(-1, tf.int64)))
+        self._last_seen = tf.Variable(tf.fill([self.num_workers], tf.constant(-1.0, tf.float64)))
+        self._goodbye = tf.Variable(tf.zeros([self.num_workers], tf.int32))
+        methods = {"heartbeat": self._heartbeat_function()}
+        for wire in WIRE_DTYPES:
+            methods[push_method(wire)] = self._push_function(wire)
+            methods[pull_method(wire)] = self._pull_function(wire)
+        self._reducers = {wire: self._reduce_function(wire) for wire in WIRE_DTYPES}
+        self._server = tf_rpc.serve(address, methods)
+
+    # ------------------------------------------------------------ methods
+    def _by_worker(self, worker, branch):
+        return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
+
+    def _push_function(self, wire):
+        dtype = WIRE_DTYPES[wire]
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64),
+                                      tf.TensorSpec([], tf.int64), tf.TensorSpec([None], dtype)])
+        def push(worker, slot, step, values):
+            def enqueue(w):
+                with tf.control_dependencies([self._inbox[wire][w].enqueue((slot, step, values))]):
+                    return tf.constant(0, tf.int32)
+            done = self._by_worker(worker, enqueue)
+            with tf.control_dependencies([done]):
+                self.clock.scatter_nd_max([[worker]], [step])
+                return tf.identity(done)
+
+        return push
+
+    def _pull_function(self, wire):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+        def pull(worker):
+            return self._by_worker(worker, lambda w: tuple(self._outbox[wire][w].dequeue()))
+
+        return pull
+
+    def _heartbeat_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
+        def heartbeat(worker, state):
+            self._last_seen.scatter_nd_update([[worker]], [tf.timestamp()])
+            self._goodbye.scatter_nd_max([[worker]], [tf.cast(tf.equal(state, GOODBYE), tf.int32)])
+            return tf.constant(0, tf.int32)
+
+        return heartbeat
+
+    def _reduce_function(self, wire):
+        @tf.function
+        def reduce_one():
+            items = [inbox.dequeue() for inbox in self._inbox[wire]]
+            slots = tf.stack([slot for slot, _, _ in items])
+            steps = tf.stack([step for _, step, _ in items])
+            tf.debugging.Assert(
+                tf.logical_and(tf.reduce_all(tf.equal(slots, slots[0])),
+                               tf.reduce_all(tf.equal(steps, steps[0]))),
+                [f"tfdist {self.name}: the workers pushed different pieces (slot, step by "
+                 "worker):", slots, steps, "- are all workers running the same model on the "
+                 "same number of batches?"], summarize=64)
+            total = tf.add_n([values for _, _, values in items])  # worker order: deterministic
+            sent = [outbox.enqueue((slots[0], steps[0], total)) for outbox in self._outbox[wire]]
+            with tf.control_dependencies(sent):
+                return tf.constant(0)
+
+        return reduce_one
+
+    # ----------------------------------------------------------- lifecycle
+    def _reduce_forever(self, wire):
+        reduce_one = self._reducers[wire]
+        while not self._stopped.is_set():
+            try:
+                reduce_one()
+            except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
+                return  # queues closed: shutting down
+            except tf.errors.OpError as e:
+                self._fail(e.message.splitlines()[0])
+                return
+
+    def _fail(self, message):
+        if self.error is None:
+            self.error = message
+            logging.error("%s", message)
+        self._stopped.set()
+
+    def _close_queues(self):
+        for boxes in (self._inbox, self._outbox):
+            for queues in boxes.values():
+                for queue in queues:
+                    queue.close(cancel_pending_enqueues=True)
+
+    def _check_workers(self, started):
+        now = time.time()
+        last_seen = self._last_seen.numpy()
+        for worker, seen in enumerate(last_seen):
+            if self._goodbye.numpy()[worker]:
+                continue
+            if seen < 0 and now - started > self.timeout:
+                self._fail(f"tfdist {self.name}: worker rank {worker} did not connect within "
+                           f"the {self.timeout:g} s timeout.")
+            elif seen >= 0 and now - seen > WORKER_SILENCE_LIMIT_SECONDS:
+                self._fail(f"tfdist {self.name}: worker rank {worker} stopped sending "
+                           f"heartbeats {now - seen:.0f} s ago (last step pushed: "
+                           f"{int(self.clock.numpy()[worker])}); it has probably died.")
+
+    def serve(self):
+        """Run until every worker has said goodbye (returns 0) or one fails (returns 1)."""
+        logging.info("tfdist %s: serving %d workers", self.name, self.num_workers)
+        threads = [threading.Thread(target=self._reduce_forever, args=(wire,), daemon=True,
+                                    name=f"tfdist-reducer-{wire}") for wire in WIRE_DTYPES]
+        for thread in threads:
+            thread.start()
+        started = time.time()
+        while not self._stopped.wait(1.0):
+            if self._goodbye.numpy().all():
+                logging.info("tfdist %s: all workers finished; stopping", self.name)
+                self._stopped.set()
+                break
+            self._check_workers(started)
+        self._close_queues()
+        for thread in threads:
+            thread.join(timeout=5.0)
+        return 1 if self.error else 0
+
+    def serve_in_background(self):
+        """Serve on a daemon thread (co-located with a worker); returns the thread.
+
+        A failure is logged and closes the queues, which fails the workers'
+        calls waiting on this server.
+        """
+        thread = threading.Thread(target=self.serve, daemon=True, name="tfdist-shard-server")
+        thread.start()
+        return thread

@@ -1,0 +1,75 @@
+"""Remote calls over TensorFlow's RPC runtime (`tf.distribute.experimental.rpc`, gRPC).
+
+A server registers `tf.function`s with fixed input signatures; clients call
+them by name, eagerly or inside a compiled function (the call is an op:
+`RpcCall` + `RpcGetValue`, asynchronous in the graph). gRPC rejects messages
+over 4 MiB by default, so callers keep every tensor they send or receive
+below `MAX_MESSAGE_BYTES`.
+
+The server answers each call on a gRPC thread that waits for the function to
+finish; functions that wait (a queue dequeue) therefore hold a gRPC thread
+(gRPC adds threads as needed) but no TensorFlow inter-op thread: queue
+operations are asynchronous kernels. So blocking calls cannot starve the
+executor, whatever the number of clients.
+"""
+
+import tensorflow as tf
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default limit per message
+_rpc = tf.distribute.experimental.rpc
+
+
+def serve(address, methods):
+    """Start an RPC server on `address` exposing `methods` ({name: tf.function}).
+
+    Returns the server object; it stops when the object is garbage collected
+    or the process exits.
+    """
+    server = _rpc.Server.create("grpc", address)
+    for name, function in methods.items():
+        server.register(name, function)
+    server.start()
+    return server
+
+
+class RpcClient:
+    """Calls the functions of one RPC server; failures name the server.
+
+    Args:
+        address: "host:port" of the server.
+        description: how errors name the server, e.g. "parameter server 1 (host:port)".
+        caller: how errors name this process, e.g. "tfdist rank 2".
+        timeout: seconds any call (and the initial connection) may take.
+    """
+
+    def __init__(self, address, description, caller, timeout):
+        self.address = address
+        self.description = description
+        self.caller = caller
+        self.timeout_ms = int(timeout * 1000)
+        # Created eagerly, the client lists the server's methods: this waits (up to
+        # the timeout) for the server to answer.
+        try:
+            self._client = _rpc.Client.create("grpc", address, timeout_in_ms=self.timeout_ms)
+        except tf.errors.OpError as e:
+            raise ConnectionError(
+                f"{caller}: {description} did not answer within {timeout:g} s: "
+                f"{e.message.splitlines()[0]}"
+            ) from None
+
+    def call(self, method, args, output_specs):
+        """Call `method(*args)`; the result follows `output_specs`.
+
+        A failed call (server gone, deadline exceeded, error in the
+        function) raises an error that names the server and the method.
+        """
+        result = self._client.call(method, args, output_specs, timeout_in_ms=self.timeout_ms)
+        code, message = result.get_error()
+        check = tf.debugging.Assert(
+            tf.equal(code, 0),
+            [f"{self.caller}: {self.description} failed in {method!r} (it died, was stopped "
+             "after an error it reports, or took longer than the "
+             f"{self.timeout_ms / 1000:g} s timeout):", message],
+        )
+        with tf.control_dependencies([check]):
+            return tf.nest.map_structure(tf.identity, result.get_value())
