@@ -6,7 +6,8 @@
   mismatch         rank 1 builds a wider layer than rank 0
   uneven           rank 1 passes less data than rank 0
   stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
-Add --strategy tree to train with a ReductionTreeStrategy (fanout 2) instead of the ring.
+  slow             train with 0.1 s pauses per batch (about 10 s), printing each epoch
+Add --strategy tree (fanout 2) or --strategy ps to train with that strategy instead of the ring.
 """
 
 import argparse
@@ -38,15 +39,30 @@ class CrashAt(keras.callbacks.Callback):
         self.epoch = epoch
 
 
+class Slowly(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        print(f"epoch {epoch} started", flush=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.1)
+
+
+STRATEGIES = {
+    "ring": tfdist.strategies.RingAllReduceStrategy,
+    "tree": lambda: tfdist.strategies.ReductionTreeStrategy(fanout=2),
+    "ps": tfdist.strategies.ParameterServerStrategy,
+}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode")
     parser.add_argument("rank", nargs="?", type=int, default=1)
-    parser.add_argument("--strategy", choices=["ring", "tree"], default="ring")
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
+    parser.add_argument("--tag", default="", help="ignored: lets a test find its processes")
     args = parser.parse_args()
     mode = args.mode
-    strategy = (tfdist.strategies.ReductionTreeStrategy(fanout=2) if args.strategy == "tree"
-                else tfdist.strategies.RingAllReduceStrategy())
+    strategy = STRATEGIES[args.strategy]()
     width = 8 + (4 if mode == "mismatch" and strategy.rank == 1 else 0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width),
@@ -60,6 +76,8 @@ def main():
         callbacks = [CrashAt(args.rank, strategy)]
     elif mode == "stall":
         callbacks = [CrashAt(1, strategy, stall=True)]
+    elif mode == "slow":
+        callbacks = [Slowly()]
     batch = 50 if mode == "indivisible" else 24
     model.fit(x, y, batch_size=batch, epochs=3, verbose=0, callbacks=callbacks)
     print("finished", flush=True)

@@ -1,7 +1,7 @@
 """Worker script: train a small Conv+Dense model; rank 0 writes weights and history.
 
 Usage: python train_equivalence.py OUT [--configs adam,sgd_shuffle,adam_tfdata]
-                                        [--strategy ring|tree --fanouts 2,3]
+                                        [--strategy ring|tree|ps --fanouts 2,3]
 Every rank writes OUT.rank<R>.npz (weights, history, evaluate and predict
 results per configuration, keys "<config>/<name>"; for the tree, one run per
 fanout in the same processes, keys "fanout<k>/<config>/<name>") so tests can
@@ -87,7 +87,7 @@ def main():
     parser.add_argument("--rows", type=int, default=288, help="examples (5/6 train, 1/6 val)")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--compression", default=None)
-    parser.add_argument("--strategy", choices=["ring", "tree"], default="ring")
+    parser.add_argument("--strategy", choices=["ring", "tree", "ps"], default="ring")
     parser.add_argument("--fanouts", default="2", help="tree fanouts, one training each")
     args = parser.parse_args()
 
@@ -96,6 +96,8 @@ def main():
                                                                   compression=args.compression)}
         if strategies[""].is_chief:
             print("backend", strategies[""].backend, flush=True)
+    elif args.strategy == "ps":
+        strategies = {"": tfdist.strategies.ParameterServerStrategy(compression=args.compression)}
     else:
         strategies = {f"fanout{k}/": tfdist.strategies.ReductionTreeStrategy(
             fanout=int(k), compression=args.compression) for k in args.fanouts.split(",")}

@@ -57,19 +57,23 @@ class RpcClient:
                 f"{e.message.splitlines()[0]}"
             ) from None
 
-    def call(self, method, args, output_specs):
+    def call(self, method, args, output_specs, timeout=None):
         """Call `method(*args)`; the result follows `output_specs`.
 
         A failed call (server gone, deadline exceeded, error in the
         function) raises an error that names the server and the method.
+        Calls in flight fail as soon as the server's connection drops; a new
+        call to a server that is gone waits for it up to `timeout` seconds
+        (default: the client's).
         """
-        result = self._client.call(method, args, output_specs, timeout_in_ms=self.timeout_ms)
+        timeout_ms = self.timeout_ms if timeout is None else int(timeout * 1000)
+        result = self._client.call(method, args, output_specs, timeout_in_ms=timeout_ms)
         code, message = result.get_error()
         check = tf.debugging.Assert(
             tf.equal(code, 0),
             [f"{self.caller}: {self.description} failed in {method!r} (it died, was stopped "
              "after an error it reports, or took longer than the "
-             f"{self.timeout_ms / 1000:g} s timeout):", message],
+             f"{timeout_ms / 1000:g} s timeout):", message],
         )
         with tf.control_dependencies([check]):
             return tf.nest.map_structure(tf.identity, result.get_value())

@@ -90,8 +90,13 @@ class ParameterServerStrategy(DataParallelStrategy):
                   f"{'co-located' if self.colocated else 'dedicated'} server(s) for "
                   f"{cluster.world_size} worker(s): {', '.join(addresses)}",
                   file=sys.stderr, flush=True)
-        return ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
-                                         cluster.timeout, self.piece_bytes)
+        aggregator = ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
+                                               cluster.timeout, self.piece_bytes)
+        if communicator is not None:
+            # At exit, peers finishing first is not a failure: stop watching them before the
+            # goodbyes and the wait for co-located servers (atexit runs last-in first-out).
+            atexit.register(communicator.stop_monitor)
+        return aggregator
 
 
 def _start_colocated_server(cluster, communicator):

@@ -1,0 +1,159 @@
+"""ParameterServerStrategy (sync): same training as one process with dedicated or
+co-located servers; balanced partition; dead servers and dead workers fail clearly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import script, tfdist_run
+from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
+from tfdist.launch.ports import pick_ports
+
+TOLERANCE = 1e-4
+CONFIGS = ("adam", "adam_tfdata")  # numpy input; shuffled tf.data with steps_per_execution=2
+TRAINING = ["--configs", ",".join(CONFIGS)]
+
+
+def train_ps(tmp_path, workers, servers):
+    prefix = str(tmp_path / f"ps{workers}_{servers}")
+    launcher = ["--num-servers", str(servers)] if servers else []
+    done = tfdist_run(workers, [script("train_equivalence.py"), prefix, "--strategy", "ps"]
+                      + TRAINING, timeout=900, run_timeout=120, launcher=launcher)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(workers)], done
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return train_ps(tmp_path_factory.mktemp("ps"), 1, 0)[0][0]
+
+
+def max_abs_difference(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+@pytest.mark.parametrize("workers,servers", [
+    (2, 1), (3, 2), (4, 0),  # 0: co-located, one server per worker
+    pytest.param(4, 1, marks=pytest.mark.slow), pytest.param(2, 2, marks=pytest.mark.slow),
+    pytest.param(3, 0, marks=pytest.mark.slow)])
+def test_ps_trains_like_one_process(one_process, tmp_path, workers, servers):
+    ranks, done = train_ps(tmp_path, workers, servers)
+    assert "h_loss" in {k.split("/", 1)[1] for k in one_process}
+    diff = max_abs_difference(one_process, ranks[0])
+    assert diff <= TOLERANCE, f"{workers} workers, {servers} servers differ from 1 by {diff}"
+    for rank in range(1, workers):  # every worker pulls the same sums
+        assert max_abs_difference(ranks[0], ranks[rank]) == 0.0
+    kind = "dedicated" if servers else "co-located"
+    assert f"{servers or workers} {kind} server(s) for {workers} worker(s)" in done.stderr
+    assert "tfdist parameter server partition:" in done.stderr  # logged on the chief
+
+
+@pytest.mark.parametrize("num_elements,servers", [(10_000_000, 3), (1_234_567, 2), (300_001, 4),
+                                                  (262_144 * 5, 5)])
+def test_partition_balances_bytes_and_respects_the_message_limit(num_elements, servers):
+    plan = ShardPlan(num_elements, 4, servers, piece_bytes=1 << 20)
+    assert sum(plan.sizes) == num_elements
+    assert max(plan.sizes) * 4 <= 1 << 20
+    per_server = plan.bytes_per_server()
+    assert max(per_server) <= sum(per_server) / servers + 4 * len(plan.sizes) / servers
+    assert len(set(plan.servers)) == servers
+
+
+def test_small_buffers_stay_whole_and_rotate_over_servers():
+    small = MIN_SPLIT_BYTES // 4
+    assert ShardPlan(small, 4, 3, 1 << 20, first_server=2).servers == [2]
+    assert ShardPlan(small, 4, 3, 1 << 20, first_server=4).servers == [1]
+
+
+def ps_job(workers, servers, mode_args, timeout_s):
+    """Start a TF_CONFIG job (chief + workers, ps tasks) directly, without a launcher."""
+    ports = pick_ports(workers + servers)
+    worker_addresses = [f"127.0.0.1:{p}" for p in ports[:workers]]
+    server_addresses = [f"127.0.0.1:{p}" for p in ports[workers:]]
+    cluster = {"worker": worker_addresses, "ps": server_addresses}
+    procs = {}
+    for kind, count in (("ps", servers), ("worker", workers)):
+        for index in range(count):
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TIMEOUT=str(timeout_s))
+            for stale in ("TFDIST_RANK", "TFDIST_ROLE", "HOROVOD_RANK"):
+                env.pop(stale, None)
+            env["TF_CONFIG"] = json.dumps({"cluster": cluster,
+                                           "task": {"type": kind, "index": index}})
+            procs[f"{kind}{index}"] = subprocess.Popen(
+                [sys.executable, script("failure_modes.py")] + mode_args + ["--strategy", "ps"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return procs, server_addresses
+
+
+def wait_for_line(proc, text, timeout):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"never saw {text!r}: " + "".join(seen)[-3000:])
+
+
+def test_dead_server_fails_the_workers_naming_it():
+    procs, servers = ps_job(2, 1, ["slow"], timeout_s=60)
+    try:
+        head = wait_for_line(procs["worker0"], "epoch 1 started", timeout=120)
+        procs["ps0"].send_signal(signal.SIGKILL)
+        start = time.monotonic()
+        outputs = {name: procs[name].communicate(timeout=120)[0] for name in ("worker0", "worker1")}
+        elapsed = time.monotonic() - start
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    outputs["worker0"] = head + outputs["worker0"]
+    for name, out in outputs.items():
+        assert procs[name].returncode not in (0, None), out[-3000:]
+        assert f"parameter server 0 ({servers[0]})" in out, out[-3000:]
+        assert "failed" in out or "unreachable" in out, out[-3000:]
+        assert "finished" not in out
+    assert elapsed < 60, f"the dead server was noticed only after {elapsed:.0f} s"
+
+
+def test_dead_worker_fails_the_server_and_the_other_workers():
+    procs, servers = ps_job(2, 1, ["crash", "1"], timeout_s=60)
+    start = time.monotonic()
+    try:
+        outputs = {name: proc.communicate(timeout=150)[0] for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    elapsed = time.monotonic() - start
+    assert procs["worker1"].returncode == 3
+    assert procs["ps0"].returncode == 1, outputs["ps0"][-3000:]
+    assert "worker rank 1 stopped sending heartbeats" in outputs["ps0"], outputs["ps0"][-3000:]
+    assert procs["worker0"].returncode not in (0, None)
+    assert f"parameter server 0 ({servers[0]}) failed" in outputs["worker0"], \
+        outputs["worker0"][-3000:]
+    assert "peer rank 1" in outputs["worker0"]  # the worker's own monitor names the dead peer
+    assert elapsed < 90, f"took {elapsed:.0f} s"
+
+
+def test_servers_exit_cleanly_and_no_process_is_left_behind(tmp_path):
+    marker = str(tmp_path)  # unique in the command lines of this test's processes
+    done = tfdist_run(2, [script("failure_modes.py"), "train", "--strategy", "ps", "--tag", marker],
+                      timeout=300, run_timeout=60, launcher=["--num-servers", "2"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("finished") == 2
+    crashed = tfdist_run(3, [script("failure_modes.py"), "crash", "2", "--strategy", "ps",
+                             "--tag", marker], timeout=300, run_timeout=60,
+                         launcher=["--num-servers", "1"])
+    assert crashed.returncode == 3
+    time.sleep(1)
+    leftover = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert not leftover.strip(), f"processes left behind: {leftover}"
