@@ -51,8 +51,10 @@ def test_ps_trains_like_one_process(one_process, tmp_path, workers, servers):
     for rank in range(1, workers):  # every worker pulls the same sums
         assert max_abs_difference(ranks[0], ranks[rank]) == 0.0
     kind = "dedicated" if servers else "co-located"
-    assert f"{servers or workers} {kind} server(s) for {workers} worker(s)" in done.stderr
-    assert "tfdist parameter server partition:" in done.stderr  # logged on the chief
+    output = done.stdout + done.stderr  # tfdist-run relays every process's output
+    assert f"{servers or workers} {kind} server(s) for {workers} worker(s)" in output
+    assert "[0] tfdist parameter server partition:" in output  # logged on the chief only
+    assert "[1] tfdist parameter server partition:" not in output
 
 
 @pytest.mark.parametrize("num_elements,servers", [(10_000_000, 3), (1_234_567, 2), (300_001, 4),

@@ -1,15 +1,24 @@
-"""A dedicated parameter-server process: `python -m tfdist.server`.
+"""A parameter-server process: `python -m tfdist.server`.
 
 Serves one shard of `ParameterServerStrategy` until every worker has
 finished (exit code 0) or a worker fails (exit code 1, with a message naming
-it). The process learns its index, address and the number of workers from
+it).
+
+Dedicated servers learn their index, address and the workers from
 `tfdist-run --num-servers K` or from a `TF_CONFIG` `ps` task, like any tfdist
 process. A training script started in a server role (which is what
 `tfdist-run --num-servers K` and a TFJob's `ps` replicas do) enters the same
 server when it creates its `ParameterServerStrategy`, and exits there: the
 rest of the script runs only on workers.
+
+Co-located servers (no dedicated ones in the cluster) are started by each
+worker as a child process with explicit arguments:
+
+    python -m tfdist.server --address HOST:PORT --name NAME --num-workers P
+                            [--worker-addresses A,B,...] [--timeout S]
 """
 
+import argparse
 import sys
 
 from absl import logging
@@ -18,27 +27,47 @@ from tfdist import runtime
 from tfdist.errors import ClusterError
 
 
-def run_server(cluster):
-    """Serve shard `cluster.server_index`; return the process exit code."""
+def serve(address, num_workers, name, timeout, worker_addresses):
+    """Run one shard server until it is done; return the process exit code."""
     from tfdist.aggregation.shard_server import ShardServer
 
+    server = ShardServer(address, num_workers, name, timeout, worker_addresses)
+    code = server.serve()
+    if code:
+        print(server.error, file=sys.stderr, flush=True)
+    return code
+
+
+def run_server(cluster):
+    """Serve shard `cluster.server_index` of a cluster with dedicated servers."""
     if not cluster.is_server:
         raise ClusterError(
             "tfdist.server: this process is not a parameter server (start it with "
             "`tfdist-run --num-servers K`, or as a TF_CONFIG 'ps' task)."
         )
     address = cluster.server_addresses[cluster.server_index]
-    name = f"parameter server {cluster.server_index} ({address})"
-    server = ShardServer(address, cluster.world_size, name, cluster.timeout)
-    code = server.serve()
-    if code:
-        print(f"{server.error}", file=sys.stderr, flush=True)
-    return code
+    return serve(address, cluster.world_size, f"parameter server {cluster.server_index} "
+                 f"({address})", cluster.timeout, cluster.worker_addresses)
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tfdist.server",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--address", help="host:port to serve on (co-located server)")
+    parser.add_argument("--name", default=None, help="how messages name this server")
+    parser.add_argument("--num-workers", type=int)
+    parser.add_argument("--worker-addresses", default="")
+    parser.add_argument("--timeout", type=float, default=None)
+    args = parser.parse_args(argv)
     logging.set_verbosity(logging.INFO)
-    return run_server(runtime.cluster())
+    if args.address is None:
+        return run_server(runtime.cluster())
+    if not args.num_workers or args.num_workers < 1:
+        parser.error("--num-workers must be >= 1 with --address")
+    timeout = args.timeout or runtime.cluster().timeout
+    workers = [a for a in args.worker_addresses.split(",") if a]
+    return serve(args.address, args.num_workers, args.name or f"parameter server ({args.address})",
+                 timeout, workers)
 
 
 if __name__ == "__main__":

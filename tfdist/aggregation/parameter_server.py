@@ -3,22 +3,21 @@ pull back the sums."""
 
 import atexit
 import os
-import socket
 import sys
 import threading
 import weakref
 
 import tensorflow as tf
-from absl import logging
 
 from tfdist.aggregation import shard_server
 from tfdist.aggregation.base import Aggregator
 from tfdist.aggregation.fusion import FusionPlan
 from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES, RpcClient
+from tfdist.launch.ports import connection_refused
 
 DEFAULT_PIECE_BYTES = 1024 * 1024
 MIN_SPLIT_BYTES = 64 * 1024
-HEARTBEAT_TIMEOUT_SECONDS = 5.0
+GOODBYE_TIMEOUT_SECONDS = 5.0
 _UNLIMITED_BUCKET = 1 << 62
 
 
@@ -58,18 +57,6 @@ class ShardPlan:
         totals = ", ".join(f"server {k}: {b / 1e6:.3f} MB" for k, b in
                            enumerate(self.bytes_per_server()))
         return f"{len(self.sizes)} pieces of at most {max(self.sizes) * self.element_bytes} B ({totals})"
-
-
-def _refuses(address):
-    """True if nothing listens on `address` any more (its process is gone)."""
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=2.0):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
 
 
 def _wire(dtype):
@@ -136,40 +123,30 @@ class ParameterServerAggregator(Aggregator):
         self._chains = weakref.WeakKeyDictionary()  # graph -> {(server, "push"|"pull"): op}
         self._logged_plans = set()
         self._stop = threading.Event()
-        self._send_heartbeat(shard_server.HELLO)
-        threading.Thread(target=self._heartbeats, daemon=True, name="tfdist-ps-heartbeat").start()
+        self._checkin(shard_server.HELLO)
+        threading.Thread(target=self._watch_servers, daemon=True, name="tfdist-ps-watch").start()
         atexit.register(self.close)
 
     # ------------------------------------------------------------ liveness
-    def _send_heartbeat(self, state, timeout=None):
+    def _checkin(self, state, timeout=None):
         for client in self.clients:
-            client.call("heartbeat", [tf.constant(self.rank), tf.constant(state)],
+            client.call("checkin", [tf.constant(self.rank), tf.constant(state)],
                         tf.TensorSpec([], tf.int32), timeout=timeout)
 
-    def _heartbeats(self):
-        refused = [0] * len(self.clients)
-        while not self._stop.wait(shard_server.HEARTBEAT_INTERVAL_SECONDS):
+    def _watch_servers(self):
+        """Probe the servers' ports (no TensorFlow in this thread); exit if one is gone."""
+        refusals = [0] * len(self.clients)
+        while not self._stop.wait(shard_server.PROBE_INTERVAL_SECONDS):
             for server, client in enumerate(self.clients):
-                try:
-                    client.call("heartbeat", [tf.constant(self.rank), tf.constant(0)],
-                                tf.TensorSpec([], tf.int32), timeout=HEARTBEAT_TIMEOUT_SECONDS)
-                    refused[server] = 0
-                except tf.errors.OpError as e:
-                    if self._stop.is_set():
-                        return
-                    # A slow server times out; a dead one refuses connections.
-                    refused[server] = refused[server] + 1 if _refuses(client.address) else 0
-                    if refused[server] >= 2:
-                        self._die(f"tfdist rank {self.rank}: {client.description} is unreachable "
-                                  "(connection refused); it has probably died. Stopping this "
-                                  "worker.")
-                    logging.warning("%s", e.message.splitlines()[0])
-
-    def _die(self, message):
-        """Exit now: training is blocked in calls to a dead server that cannot be cancelled."""
-        print(message, file=sys.stderr, flush=True)
-        logging.flush()
-        os._exit(1)  # pylint: disable=protected-access
+                refusals[server] = refusals[server] + 1 if connection_refused(client.address) else 0
+                gone = refusals[server] >= shard_server.PROBES_BEFORE_FAILING
+                if gone and not self._stop.is_set():
+                    # Training is blocked in calls to the dead server, which cannot be
+                    # cancelled: say why and exit.
+                    print(f"tfdist rank {self.rank}: {client.description} is unreachable "
+                          "(connection refused); it has probably died. Stopping this worker.",
+                          file=sys.stderr, flush=True)
+                    os._exit(1)  # pylint: disable=protected-access
 
     def close(self):
         """Tell the servers this worker is done (at exit); they stop when all are."""
@@ -177,7 +154,7 @@ class ParameterServerAggregator(Aggregator):
             return
         self._stop.set()
         try:
-            self._send_heartbeat(shard_server.GOODBYE, timeout=HEARTBEAT_TIMEOUT_SECONDS)
+            self._checkin(shard_server.GOODBYE, timeout=GOODBYE_TIMEOUT_SECONDS)
         except Exception:  # pylint: disable=broad-except
             pass  # a server that is already gone needs no goodbye
 

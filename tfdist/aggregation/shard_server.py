@@ -14,12 +14,14 @@ inter-op thread (8 workers and 2 servers on 2 cores do not deadlock). The
 per-worker clocks (last step pushed) and the queues serve the asynchronous
 modes too: there a reducer applies each piece as it arrives.
 
-Liveness: workers call `heartbeat` every `HEARTBEAT_INTERVAL_SECONDS` and
-say goodbye at exit. A worker silent for `WORKER_SILENCE_LIMIT_SECONDS`
-(or one that never shows up within the job timeout) fails the server with a
-message naming it; the server then closes its queues, so workers waiting on
-it fail too instead of hanging. When every worker has said goodbye the
-server stops cleanly.
+Liveness: each worker checks in (`checkin`, HELLO) when it starts and says
+goodbye at exit. The server probes the port of every checked-in worker
+(`tfdist.launch.ports.connection_refused`): a worker whose process is gone
+(or one that never checks in within the job timeout) fails the server with
+a message naming it; the server then closes its queues, so workers waiting
+on it fail too instead of hanging. When every worker has said goodbye the
+server stops cleanly. Probes use no TensorFlow: nothing runs beside the
+served functions.
 """
 
 import threading
@@ -29,12 +31,13 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist.comm import tf_rpc
+from tfdist.launch.ports import connection_refused
 
 WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
-HEARTBEAT_INTERVAL_SECONDS = 2.0
-WORKER_SILENCE_LIMIT_SECONDS = 15.0
+PROBE_INTERVAL_SECONDS = 2.0
+PROBES_BEFORE_FAILING = 2
 QUEUE_CAPACITY = 1 << 20
-HELLO, GOODBYE = 0, 1
+HELLO, GOODBYE = 1, 2  # check-in states
 
 
 def push_method(wire):
@@ -58,11 +61,14 @@ class ShardServer:
         num_workers: number of training processes P.
         name: how messages name this server, e.g. "parameter server 0 (host:port)".
         timeout: seconds to wait for a worker to show up.
+        worker_addresses: "host:port" of each worker's TensorFlow server, probed
+            to notice dead workers (empty: not probed).
     """
 
-    def __init__(self, address, num_workers, name, timeout):
+    def __init__(self, address, num_workers, name, timeout, worker_addresses=()):
         self.address = address
         self.num_workers = int(num_workers)
+        self.worker_addresses = tuple(worker_addresses)
         self.name = name
         self.timeout = float(timeout)
         self.error = None
@@ -73,9 +79,8 @@ class ShardServer:
         self._outbox = {wire: [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64, tf.int64, dtype])
                                for _ in workers] for wire, dtype in WIRE_DTYPES.items()}
         self.clock = tf.Variable(tf.fill([self.num_workers], tf.constant(-1, tf.int64)))
-        self._last_seen = tf.Variable(tf.fill([self.num_workers], tf.constant(-1.0, tf.float64)))
-        self._goodbye = tf.Variable(tf.zeros([self.num_workers], tf.int32))
-        methods = {"heartbeat": self._heartbeat_function()}
+        self._checkins = tf.Variable(tf.zeros([self.num_workers], tf.int32))
+        methods = {"checkin": self._checkin_function()}
         for wire in WIRE_DTYPES:
             methods[push_method(wire)] = self._push_function(wire)
             methods[pull_method(wire)] = self._pull_function(wire)
@@ -109,14 +114,13 @@ class ShardServer:
 
         return pull
 
-    def _heartbeat_function(self):
+    def _checkin_function(self):
         @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
-        def heartbeat(worker, state):
-            self._last_seen.scatter_nd_update([[worker]], [tf.timestamp()])
-            self._goodbye.scatter_nd_max([[worker]], [tf.cast(tf.equal(state, GOODBYE), tf.int32)])
-            return tf.constant(0, tf.int32)
+        def checkin(worker, state):
+            with tf.control_dependencies([self._checkins.scatter_nd_max([[worker]], [state])]):
+                return tf.constant(0, tf.int32)
 
-        return heartbeat
+        return checkin
 
     def _reduce_function(self, wire):
         @tf.function
@@ -161,19 +165,24 @@ class ShardServer:
                 for queue in queues:
                     queue.close(cancel_pending_enqueues=True)
 
-    def _check_workers(self, started):
-        now = time.time()
-        last_seen = self._last_seen.numpy()
-        for worker, seen in enumerate(last_seen):
-            if self._goodbye.numpy()[worker]:
+    def _check_workers(self, started, refusals):
+        checkins = self._checkins.numpy()
+        for worker, state in enumerate(checkins):
+            if state == GOODBYE:
                 continue
-            if seen < 0 and now - started > self.timeout:
-                self._fail(f"tfdist {self.name}: worker rank {worker} did not connect within "
-                           f"the {self.timeout:g} s timeout.")
-            elif seen >= 0 and now - seen > WORKER_SILENCE_LIMIT_SECONDS:
-                self._fail(f"tfdist {self.name}: worker rank {worker} stopped sending "
-                           f"heartbeats {now - seen:.0f} s ago (last step pushed: "
-                           f"{int(self.clock.numpy()[worker])}); it has probably died.")
+            if state < HELLO:
+                if time.time() - started > self.timeout:
+                    self._fail(f"tfdist {self.name}: worker rank {worker} did not connect within "
+                               f"the {self.timeout:g} s timeout.")
+                continue
+            if not self.worker_addresses:
+                continue
+            address = self.worker_addresses[worker]
+            refusals[worker] = refusals[worker] + 1 if connection_refused(address) else 0
+            if refusals[worker] >= PROBES_BEFORE_FAILING:
+                self._fail(f"tfdist {self.name}: worker rank {worker} ({address}) is gone "
+                           "(connection refused) without saying goodbye; it has probably died "
+                           f"(last step it pushed: {int(self.clock.numpy()[worker])}).")
 
     def serve(self):
         """Run until every worker has said goodbye (returns 0) or one fails (returns 1)."""
@@ -182,24 +191,14 @@ class ShardServer:
                                     name=f"tfdist-reducer-{wire}") for wire in WIRE_DTYPES]
         for thread in threads:
             thread.start()
-        started = time.time()
-        while not self._stopped.wait(1.0):
-            if self._goodbye.numpy().all():
+        started, refusals = time.time(), [0] * self.num_workers
+        while not self._stopped.wait(PROBE_INTERVAL_SECONDS):
+            if (self._checkins.numpy() == GOODBYE).all():
                 logging.info("tfdist %s: all workers finished; stopping", self.name)
                 self._stopped.set()
                 break
-            self._check_workers(started)
+            self._check_workers(started, refusals)
         self._close_queues()
         for thread in threads:
             thread.join(timeout=5.0)
         return 1 if self.error else 0
-
-    def serve_in_background(self):
-        """Serve on a daemon thread (co-located with a worker); returns the thread.
-
-        A failure is logged and closes the queues, which fails the workers'
-        calls waiting on this server.
-        """
-        thread = threading.Thread(target=self.serve, daemon=True, name="tfdist-shard-server")
-        thread.start()
-        return thread

@@ -40,3 +40,19 @@ def pick_ports(count, port_base=None, host="127.0.0.1"):
     finally:
         for sock in sockets:
             sock.close()
+
+
+def connection_refused(address, timeout=2.0):
+    """True if nothing listens on "host:port" any more: the process behind it is gone.
+
+    A liveness probe only (no data is sent): a slow or busy process still
+    accepts connections, a dead one's port refuses them.
+    """
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False

@@ -18,8 +18,8 @@ _PR_SET_PDEATHSIG = 1
 TERMINATE_GRACE_SECONDS = 10.0
 
 
-def _die_with_parent():
-    """preexec_fn: new session + SIGTERM when the launcher exits (Linux)."""
+def die_with_parent():
+    """preexec_fn: new session + SIGTERM when the parent (launcher) exits (Linux)."""
     os.setsid()
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -40,7 +40,7 @@ class ManagedProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._relay = threading.Thread(target=self._relay_output, daemon=True)
         self._relay.start()

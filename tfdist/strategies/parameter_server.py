@@ -1,12 +1,15 @@
 """`ParameterServerStrategy`: gradients summed by sharded parameter servers."""
 
 import atexit
+import os
+import subprocess
 import sys
 
 from tfdist import runtime
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
 from tfdist.errors import ClusterError
 from tfdist.launch.ports import pick_ports
+from tfdist.launch.processes import die_with_parent
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
 MODES = ("sync", "async")
@@ -100,21 +103,31 @@ class ParameterServerStrategy(DataParallelStrategy):
 
 
 def _start_colocated_server(cluster, communicator):
-    """Start this worker's shard server; return every worker's server address."""
-    from tfdist.aggregation.shard_server import ShardServer
+    """Start this worker's shard server as a child process; return every worker's server.
 
+    A separate process, not a thread: the server's functions then never run
+    beside this process's tracing of the training functions.
+    """
     if communicator is None:
         raise ClusterError("tfdist: a single process has no parameter server to co-locate.")
     host = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
     address = f"{host}:{pick_ports(1, host='')[0]}"
-    server = ShardServer(address, cluster.world_size,
-                         f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})",
-                         cluster.timeout)
-    thread = server.serve_in_background()
+    name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFDIST_", "HOROVOD_"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    env.pop("TF_CONFIG", None)
+    child = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "tfdist.server", "--address", address, "--name", name,
+         "--num-workers", str(cluster.world_size), "--worker-addresses",
+         ",".join(cluster.worker_addresses), "--timeout", str(cluster.timeout)],
+        env=env, preexec_fn=die_with_parent)
 
-    def wait_for_peers():
-        # Peers may still be pulling sums from this server: stay until all said goodbye.
-        thread.join(timeout=cluster.timeout)
+    def wait_for_server():
+        # Peers may still be pulling sums from this server: it exits once all said goodbye.
+        try:
+            child.wait(timeout=cluster.timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
 
-    atexit.register(wait_for_peers)  # runs after the aggregator's goodbye (atexit is LIFO)
+    atexit.register(wait_for_server)  # runs after the aggregator's goodbye (atexit is LIFO)
     return communicator.all_gather_strings(address)
