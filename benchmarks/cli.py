@@ -1,7 +1,7 @@
 """`tfdist-bench`: run the benchmarks and write results under benchmarks/results/.
 
     tfdist-bench                      # everything
-    tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree
+    tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -344,8 +344,124 @@ def plot_tree_vs_ring(rows, fit):
     fig.savefig(os.path.join(RESULTS, "tree_vs_ring.png"), dpi=120)
 
 
+PS_WORKERS = (2, 3, 4, 8)
+PS_SIZES = (256 << 10, 4 << 20)
+
+
+def run_ps(tmp):
+    rows = []
+    for np_ in PS_WORKERS:
+        for flags in (["--num-servers", "1"], []):  # one dedicated server; co-located K = P
+            out = os.path.join(tmp, f"ps{np_}_{len(flags)}.json")
+            launch(np_, "ps_scaling.py", [out, ",".join(map(str, PS_SIZES))], flags=flags)
+            with open(out) as f:
+                rows.extend(json.load(f))
+    result = ps_analysis(rows)
+    result["environment"] = environment()
+    result["description"] = (
+        "median time per aggregation of one float32 gradient buffer vs number of workers P: "
+        "'ps' is the ParameterServerStrategy's aggregator with one dedicated server "
+        "(servers=1) or one co-located server per worker (servers=P); 'tree' (fanout 2) and "
+        "'ring_collective' are measured in the same processes, interleaved. The PS cost model "
+        "2 (m alpha + P n / K beta) is fitted to both PS configurations at once. All processes "
+        "share one 2-core machine, so every method also slows down with P from CPU contention: "
+        "read the ratios between methods at the same P.")
+    write("ps_scaling.json", result)
+    plot_ps_scaling(rows, result["fit"])
+    return result
+
+
+def ps_samples(rows):
+    return [("ps", r["bytes"], r["processes"], {"num_servers": r["servers"]},
+             r["ps"]["median_ms"] / 1e3) for r in rows]
+
+
+def ps_analysis(rows):
+    """One server vs K = P servers: growth with P, ratios, and the fitted cost model."""
+    from benchmarks.cost_fit import error_summary, fit_alpha_beta, relative_errors
+
+    samples = ps_samples(rows)
+    alpha, beta = fit_alpha_beta(samples)
+    fit = {"alpha_s": alpha, "beta_s_per_byte": beta,
+           "prediction_error": error_summary(relative_errors(samples, alpha, beta)),
+           "prediction_error_one_server": error_summary(relative_errors(
+               [s for s in samples if s[3]["num_servers"] == 1], alpha, beta)),
+           "prediction_error_k_equals_p": error_summary(relative_errors(
+               [s for s in samples if s[3]["num_servers"] == s[2]], alpha, beta))}
+
+    def median_ms(method, nbytes, np_, servers):
+        return next(r[method]["median_ms"] for r in rows if r["bytes"] == nbytes
+                    and r["processes"] == np_ and r["servers"] == servers)
+
+    by_size = {}
+    for nbytes in sorted({r["bytes"] for r in rows}):
+        worlds = sorted({r["processes"] for r in rows if r["bytes"] == nbytes})
+        one = {p: median_ms("ps", nbytes, p, 1) for p in worlds}
+        sharded = {p: median_ms("ps", nbytes, p, p) for p in worlds}
+        lo, hi = worlds[0], worlds[-1]
+        by_size[str(nbytes)] = {
+            "ps_one_server_ms": one,
+            "ps_k_equals_p_ms": sharded,
+            "tree_ms": {p: median_ms("tree", nbytes, p, p) for p in worlds},
+            "ring_collective_ms": {p: median_ms("ring_collective", nbytes, p, p) for p in worlds},
+            "one_server_over_k_equals_p": {p: one[p] / sharded[p] for p in worlds},
+            f"one_server_growth_P{hi}_over_P{lo}": one[hi] / one[lo],
+            f"k_equals_p_growth_P{hi}_over_P{lo}": sharded[hi] / sharded[lo],
+            "workers_ratio": hi / lo,
+        }
+    summary = {size: {k: v for k, v in entry.items() if "growth" in k or "over" in k}
+               for size, entry in by_size.items()}
+    summary["model_median_abs_relative_error"] = fit["prediction_error"][
+        "median_abs_relative_error"]
+    return {"summary": summary, "by_size": by_size, "fit": fit, "rows": rows}
+
+
+def plot_ps_scaling(rows, fit):
+    """Aggregation time vs workers, one panel per payload; PS model as dashed lines."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", flush=True)
+        return
+    from tfdist.aggregation.cost_model import predict_all_reduce_seconds
+
+    sizes = sorted({r["bytes"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.2))
+    for ax, nbytes in zip(axes, sizes):
+        subset = [r for r in rows if r["bytes"] == nbytes]
+        worlds = sorted({r["processes"] for r in subset})
+        lines = (("ps", lambda r: r["servers"] == 1, "PS, 1 server", "tab:red"),
+                 ("ps", lambda r: r["servers"] == r["processes"], "PS, K = P servers",
+                  "tab:green"),
+                 ("tree", lambda r: r["servers"] == r["processes"], "tree (fanout 2)",
+                  "tab:purple"),
+                 ("ring_collective", lambda r: r["servers"] == r["processes"],
+                  "ring (TF collectives)", "tab:blue"))
+        for method, keep, label, color in lines:
+            points = sorted((r["processes"], r[method]["median_ms"]) for r in subset if keep(r))
+            ax.plot([p for p, _ in points], [t for _, t in points], "o-", color=color,
+                    label=label)
+        for servers, color in (("1", "tab:red"), ("P", "tab:green")):
+            ax.plot(worlds, [1e3 * predict_all_reduce_seconds(
+                "ps", nbytes, p, fit["alpha_s"], fit["beta_s_per_byte"],
+                num_servers=1 if servers == "1" else p) for p in worlds], "--", color=color,
+                label=f"model, K = {servers}")
+        ax.set_title(f"{nbytes / 2**20:g} MiB of gradients")
+        ax.set_xlabel("workers P")
+        ax.set_ylabel("time per aggregation (ms)")
+        ax.set_xticks(worlds)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Parameter server: one server vs one per worker (loopback, 2 cores)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "ps_scaling.png"), dpi=120)
+
+
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
-         "compression": run_compression, "tree": run_tree}
+         "compression": run_compression, "tree": run_tree, "ps": run_ps}
 
 
 def main(argv=None):

@@ -138,11 +138,12 @@ def test_dead_worker_fails_the_server_and_the_other_workers():
     elapsed = time.monotonic() - start
     assert procs["worker1"].returncode == 3
     assert procs["ps0"].returncode == 1, outputs["ps0"][-3000:]
-    assert "worker rank 1 stopped sending heartbeats" in outputs["ps0"], outputs["ps0"][-3000:]
+    assert "worker rank 1 (" in outputs["ps0"] and "has probably died" in outputs["ps0"], \
+        outputs["ps0"][-3000:]
     assert procs["worker0"].returncode not in (0, None)
-    assert f"parameter server 0 ({servers[0]}) failed" in outputs["worker0"], \
+    assert f"parameter server 0 ({servers[0]}) stopped because worker rank 1" in \
+        outputs["worker0"].replace("\n", " ").replace("[", "").replace("]", ""), \
         outputs["worker0"][-3000:]
-    assert "peer rank 1" in outputs["worker0"]  # the worker's own monitor names the dead peer
     assert elapsed < 90, f"took {elapsed:.0f} s"
 
 

@@ -10,6 +10,7 @@ choosing an algorithm.
 
 import math
 
+from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES
 from tfdist.aggregation.tree import DEFAULT_CHUNK_BYTES, KaryTree
 
 ALGORITHMS = ("ring", "tree", "ps")
@@ -31,16 +32,20 @@ def tree_seconds(n_bytes, world_size, alpha, beta, fanout=2, chunk_bytes=DEFAULT
     return 2 * (depth + chunks - 1) * (alpha + fanout * n_bytes / chunks * beta)
 
 
-def parameter_server_seconds(n_bytes, world_size, alpha, beta, num_servers=1):
-    """2 (alpha + P n / K beta): each of K servers takes n / K from all P workers and
-    returns the sum to each (push, then pull; the busiest server's link is the limit)."""
+def parameter_server_seconds(n_bytes, world_size, alpha, beta, num_servers=1,
+                             piece_bytes=DEFAULT_PIECE_BYTES):
+    """2 (m alpha + P n / K beta), m = ceil(n / (K b)) pieces per server: each of K servers
+    takes n / K from all P workers and returns the sum to each (push, then pull; the
+    busiest server's link is the limit), in m chained calls of at most b bytes."""
     if world_size == 1:
         return 0.0
-    return 2 * (alpha + world_size * n_bytes / num_servers * beta)
+    pieces = max(1, math.ceil(n_bytes / (num_servers * piece_bytes)))
+    return 2 * (pieces * alpha + world_size * n_bytes / num_servers * beta)
 
 
 def predict_all_reduce_seconds(algorithm, n_bytes, world_size, alpha, beta, fanout=2,
-                               chunk_bytes=DEFAULT_CHUNK_BYTES, num_servers=1):
+                               chunk_bytes=DEFAULT_CHUNK_BYTES, num_servers=1,
+                               piece_bytes=DEFAULT_PIECE_BYTES):
     """Predicted seconds for one all-reduce of `n_bytes` over `world_size` processes.
 
     Args:
@@ -52,6 +57,7 @@ def predict_all_reduce_seconds(algorithm, n_bytes, world_size, alpha, beta, fano
         fanout: tree fanout k (tree only).
         chunk_bytes: tree pipeline chunk size (tree only).
         num_servers: parameter-server shards K (ps only).
+        piece_bytes: largest parameter-server message (ps only).
 
     Example:
 
@@ -63,5 +69,6 @@ def predict_all_reduce_seconds(algorithm, n_bytes, world_size, alpha, beta, fano
     if algorithm == "tree":
         return tree_seconds(n_bytes, world_size, alpha, beta, fanout, chunk_bytes)
     if algorithm == "ps":
-        return parameter_server_seconds(n_bytes, world_size, alpha, beta, num_servers)
+        return parameter_server_seconds(n_bytes, world_size, alpha, beta, num_servers,
+                                        piece_bytes)
     raise ValueError(f"algorithm must be one of {ALGORITHMS}. Got: {algorithm!r}")

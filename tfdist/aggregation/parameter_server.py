@@ -82,8 +82,8 @@ class ParameterServerAggregator(Aggregator):
     per worker, P workers, K servers, pieces of at most b bytes): the busiest
     link is a server's, which receives n / K bytes from each of P workers and
     sends the sums back to each:
-        T_ps(n, P, K) = 2 (alpha + P n / K beta)
-    (plus the per-piece latency of n / (K b) chained calls). One server
+        T_ps(n, P, K) = 2 (m alpha + P n / K beta),  m = ceil(n / (K b))
+    where m is the number of chained calls per server. One server
     (K = 1) grows linearly with P; K = P servers (co-located, one per worker)
     move 2 n beta per server link, like a ring's 2 (P - 1) / P n beta but with
     one latency term instead of 2 (P - 1).
@@ -201,14 +201,19 @@ class ParameterServerAggregator(Aggregator):
             pushed = self._chained(server, "push", lambda: client.call(
                 shard_server.push_method(wire), [tf.constant(self.rank), slot, step, piece],
                 tf.TensorSpec([], tf.int32)))
-            pulled_slot, _, total = self._chained(server, "pull", lambda: client.call(
+            pulled_slot, pulled_step, total = self._chained(server, "pull", lambda: client.call(
                 shard_server.pull_method(wire), [tf.constant(self.rank)],
                 shard_server.pull_specs(wire)))
-            check = tf.debugging.Assert(
-                tf.equal(pulled_slot, slot),
-                [f"tfdist rank {self.rank}: parameter server {server} returned piece",
-                 pulled_slot, "instead of", slot])
-            with tf.control_dependencies([check, pushed]):
+            stopped = tf.debugging.Assert(
+                tf.not_equal(pulled_slot, shard_server.STOPPED_SLOT),
+                [f"tfdist rank {self.rank}: {client.description} stopped because worker rank",
+                 pulled_step, "is gone (it has probably died; see its output)."])
+            with tf.control_dependencies([stopped]):
+                in_order = tf.debugging.Assert(
+                    tf.equal(pulled_slot, slot),
+                    [f"tfdist rank {self.rank}: {client.description} returned piece",
+                     pulled_slot, "instead of", slot])
+            with tf.control_dependencies([in_order, pushed]):
                 sums.append(tf.reshape(total, piece.shape))
         return tf.concat(sums, axis=0) if len(sums) > 1 else sums[0]
 

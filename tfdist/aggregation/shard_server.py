@@ -38,6 +38,7 @@ PROBE_INTERVAL_SECONDS = 2.0
 PROBES_BEFORE_FAILING = 2
 QUEUE_CAPACITY = 1 << 20
 HELLO, GOODBYE = 1, 2  # check-in states
+STOPPED_SLOT = -1  # a pull answered with this slot: the server stopped; step = the dead worker
 
 
 def push_method(wire):
@@ -153,11 +154,20 @@ class ShardServer:
                 self._fail(e.message.splitlines()[0])
                 return
 
-    def _fail(self, message):
+    def _fail(self, message, dead_worker=None):
         if self.error is None:
             self.error = message
             logging.error("%s", message)
+            if dead_worker is not None:
+                self._tell_waiting_workers(dead_worker)
         self._stopped.set()
+
+    def _tell_waiting_workers(self, dead_worker):
+        """Answer every pending and future pull with STOPPED_SLOT and the dead worker's rank."""
+        for wire, dtype in WIRE_DTYPES.items():
+            for outbox in self._outbox[wire]:
+                outbox.enqueue((tf.constant(STOPPED_SLOT, tf.int64),
+                                tf.constant(dead_worker, tf.int64), tf.zeros([0], dtype)))
 
     def _close_queues(self):
         for boxes in (self._inbox, self._outbox):
@@ -182,7 +192,8 @@ class ShardServer:
             if refusals[worker] >= PROBES_BEFORE_FAILING:
                 self._fail(f"tfdist {self.name}: worker rank {worker} ({address}) is gone "
                            "(connection refused) without saying goodbye; it has probably died "
-                           f"(last step it pushed: {int(self.clock.numpy()[worker])}).")
+                           f"(last step it pushed: {int(self.clock.numpy()[worker])}).",
+                           dead_worker=worker)
 
     def serve(self):
         """Run until every worker has said goodbye (returns 0) or one fails (returns 1)."""

@@ -65,6 +65,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         """This process's communicator (None for a single process)."""
         return self._communicator
 
+    @property
+    def aggregator(self):
+        """The gradient aggregator (None when there is nothing to aggregate)."""
+        return self._aggregator
+
     # ------------------------------------------------------------- topology
     @property
     def _num_replicas_in_sync(self):

@@ -1,4 +1,4 @@
-"""The tree's shape, its chunking, and the alpha-beta cost model (no processes)."""
+"""The tree's shape, its chunking, and the alpha-beta cost model of every algorithm (no processes)."""
 
 import pytest
 
@@ -55,8 +55,9 @@ def test_cost_model_formulas():
     # Binary tree over 4 (depth 2), 2 chunks: 2 (2 + 2 - 1) (alpha + 2 (n / 2) beta).
     assert predict_all_reduce_seconds("tree", n, 4, alpha, beta, fanout=2,
                                       chunk_bytes=n // 2) == pytest.approx(6 * (alpha + n * beta))
+    # 8 MiB over 2 servers in 1 MiB pieces: 4 chained calls per server.
     assert predict_all_reduce_seconds("ps", n, 4, alpha, beta, num_servers=2) == pytest.approx(
-        2 * (alpha + 2 * n * beta))
+        2 * (4 * alpha + 2 * n * beta))
     for algorithm in ("ring", "tree", "ps"):
         assert predict_all_reduce_seconds(algorithm, n, 1, alpha, beta) == 0.0
 
