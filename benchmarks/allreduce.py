@@ -98,7 +98,9 @@ def output_and_sizes(argv):
 
 
 def run_sizes(out, sizes, methods, ratios, rank, world, **fields):
-    """Measure every size, print each row's ratios on rank 0, and write the rows there."""
+    """Measure every size, print each row's ratios on rank 0, and write the rows there.
+
+    Returns the rows (on every rank)."""
     rows = []
     for nbytes in sizes:
         row = {"bytes": nbytes, "processes": world, **fields}
@@ -108,6 +110,7 @@ def run_sizes(out, sizes, methods, ratios, rank, world, **fields):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
+    return rows
 
 
 def main():

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.plotting import RESULTS, plot_bus_bandwidth
+from benchmarks.ps_report import plot_ps_scaling, ps_analysis
+from benchmarks.tree_report import plot_tree_vs_ring, tree_analysis
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results")
 
 
 def environment():
@@ -44,13 +47,19 @@ def launch(np_, worker, args, flags=()):
     subprocess.run(command, env=env, check=True)
 
 
-def run_allreduce(tmp):
+def launch_rows(tmp, worker, launches, args=()):
+    """Run `worker` once per (processes, launcher flags); return all the rows it wrote."""
     rows = []
-    for np_ in (2, 4):
-        out = os.path.join(tmp, f"allreduce{np_}.json")
-        launch(np_, "allreduce.py", [out])
+    for index, (np_, flags) in enumerate(launches):
+        out = os.path.join(tmp, f"{os.path.splitext(worker)[0]}{index}.json")
+        launch(np_, worker, [out, *args], flags=flags)
         with open(out) as f:
             rows.extend(json.load(f))
+    return rows
+
+
+def run_allreduce(tmp):
+    rows = launch_rows(tmp, "allreduce.py", [(2, []), (4, [])])
     large = [r["tfdist_over_raw"] for r in rows if r["bytes"] >= 16 << 20]
     summary = {
         "tfdist_over_raw_median": sorted(r["tfdist_over_raw"] for r in rows)[len(rows) // 2],
@@ -76,41 +85,8 @@ def plot_allreduce(rows):
                        "allreduce_bus_bandwidth.png")
 
 
-def plot_bus_bandwidth(rows, methods, title, filename):
-    """Bus bandwidth vs payload, one line per method and process count."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", flush=True)
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for np_, style in ((2, "-"), (4, "--")):
-        subset = [r for r in rows if r["processes"] == np_]
-        sizes = [r["bytes"] for r in subset]
-        for name, color in methods:
-            ax.plot(sizes, [r[name]["bus_bandwidth_MBps"] for r in subset], style, color=color,
-                    marker="o", markersize=3, label=f"{name}, P={np_}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("payload (bytes)")
-    ax.set_ylabel("bus bandwidth (MB/s)")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, filename), dpi=120)
-
-
 def run_backends(tmp):
-    rows = []
-    for np_ in (2, 4):
-        out = os.path.join(tmp, f"backends{np_}.json")
-        launch(np_, "allreduce_backends.py", [out], flags=["--horovod"])
-        with open(out) as f:
-            rows.extend(json.load(f))
+    rows = launch_rows(tmp, "allreduce_backends.py", [(2, ["--horovod"]), (4, ["--horovod"])])
     large = [r for r in rows if r["bytes"] >= 16 << 20]
     summary = {
         "tfdist_horovod_over_raw_max_16MiB_and_above": max(r["tfdist_horovod_over_raw"]
@@ -209,12 +185,7 @@ def run_compression(tmp):
 
 
 def run_tree(tmp):
-    rows = []
-    for np_ in (2, 3, 4):
-        out = os.path.join(tmp, f"tree{np_}.json")
-        launch(np_, "tree_vs_ring.py", [out], flags=["--horovod"])
-        with open(out) as f:
-            rows.extend(json.load(f))
+    rows = launch_rows(tmp, "tree_vs_ring.py", [(np_, ["--horovod"]) for np_ in (2, 3, 4)])
     result = tree_analysis(rows)
     result["environment"] = environment()
     result["description"] = (
@@ -229,133 +200,16 @@ def run_tree(tmp):
     return result
 
 
-def tree_samples(rows, method):
-    algorithm = "tree" if method == "tree" else "ring"
-    return [(algorithm, r["bytes"], r["processes"],
-             {"fanout": r["fanout"], "chunk_bytes": r["chunk_bytes"]} if method == "tree" else {},
-             r[method]["median_ms"] / 1e3) for r in rows]
-
-
-def tree_analysis(rows):
-    """Fitted cost model, its prediction error, and the tree/ring crossover per P.
-
-    Two fits: one (alpha, beta) per engine, shared by its algorithms (the
-    textbook use of the model), and one per method (does each formula's
-    shape match, given that TF's ring and its point-to-point transfers are
-    different code paths with different per-byte costs?).
-    """
-    from benchmarks.cost_fit import error_summary, fit_alpha_beta, relative_errors
-    from tfdist.aggregation.cost_model import predict_all_reduce_seconds
-
-    groups = {"engine_collective": ("tree", "ring_collective"), "engine_horovod": ("ring_horovod",),
-              "tree": ("tree",), "ring_collective": ("ring_collective",),
-              "ring_horovod": ("ring_horovod",)}
-    fit = {}
-    for group, methods in groups.items():
-        samples = [s for m in methods for s in tree_samples(rows, m)]
-        alpha, beta = fit_alpha_beta(samples)
-        fit[group] = {"methods": list(methods), "alpha_s": alpha, "beta_s_per_byte": beta,
-                      "prediction_error": error_summary(relative_errors(samples, alpha, beta))}
-        if len(methods) > 1:
-            fit[group]["prediction_error_by_method"] = {
-                m: error_summary(relative_errors(tree_samples(rows, m), alpha, beta))
-                for m in methods}
-
-    def predicted(method, n, np_, options):
-        params = fit[method]
-        algorithm = "tree" if method == "tree" else "ring"
-        return predict_all_reduce_seconds(algorithm, n, np_, params["alpha_s"],
-                                          params["beta_s_per_byte"],
-                                          **(options if method == "tree" else {}))
-
-    crossover = {}
-    options = {"fanout": rows[0]["fanout"], "chunk_bytes": rows[0]["chunk_bytes"]}
-    grid = [int(2 ** (e / 8)) for e in range(8 * 10, 8 * 28 + 1)]  # 1 KiB .. 256 MiB
-    for np_ in sorted({r["processes"] for r in rows}):
-        subset = sorted((r for r in rows if r["processes"] == np_), key=lambda r: r["bytes"])
-        entry = {}
-        for ring in ("ring_collective", "ring_horovod"):
-            entry[f"tree_faster_than_{ring}_at_bytes"] = [
-                r["bytes"] for r in subset if r["tree"]["median_ms"] < r[ring]["median_ms"]]
-            entry[f"{ring}_faster_at_bytes"] = [
-                r["bytes"] for r in subset if r["tree"]["median_ms"] >= r[ring]["median_ms"]]
-            slower = [n for n in grid
-                      if predicted("tree", n, np_, options) > predicted(ring, n, np_, options)]
-            entry[f"model_{ring}_faster_from_bytes"] = min(slower) if slower else None
-        crossover[f"P={np_}"] = entry
-    summary = {
-        "engine_fit_median_abs_relative_error": {
-            g: fit[g]["prediction_error"]["median_abs_relative_error"]
-            for g in ("engine_collective", "engine_horovod")},
-        "per_method_fit_median_abs_relative_error": {
-            g: fit[g]["prediction_error"]["median_abs_relative_error"]
-            for g in ("tree", "ring_collective", "ring_horovod")},
-        "per_method_fit_max_abs_relative_error": {
-            g: fit[g]["prediction_error"]["max_abs_relative_error"]
-            for g in ("tree", "ring_collective", "ring_horovod")},
-        "ring_horovod_faster_at_bytes": {p: c["ring_horovod_faster_at_bytes"]
-                                         for p, c in crossover.items()},
-        "ring_collective_faster_at_bytes": {p: c["ring_collective_faster_at_bytes"]
-                                            for p, c in crossover.items()},
-        "tree_over_ring_collective_median": statistics.median(
-            r["tree_over_ring_collective"] for r in rows),
-    }
-    return {"summary": summary, "fit": fit, "crossover": crossover, "rows": rows}
-
-
-def plot_tree_vs_ring(rows, fit):
-    """Measured time vs payload (markers) and the fitted model (lines), one panel per P."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", flush=True)
-        return
-    from tfdist.aggregation.cost_model import predict_all_reduce_seconds
-
-    worlds = sorted({r["processes"] for r in rows})
-    fig, axes = plt.subplots(1, len(worlds), figsize=(4.2 * len(worlds), 4), sharey=True)
-    styles = {"tree": ("tab:green", "tree", {"fanout": rows[0]["fanout"]}),
-              "ring_collective": ("tab:red", "ring", {}),
-              "ring_horovod": ("tab:blue", "ring", {})}
-    for ax, np_ in zip(axes, worlds):
-        subset = sorted((r for r in rows if r["processes"] == np_), key=lambda r: r["bytes"])
-        sizes = [r["bytes"] for r in subset]
-        for method, (color, algorithm, options) in styles.items():
-            if algorithm == "tree":
-                options = dict(options, chunk_bytes=subset[0]["chunk_bytes"])
-            ax.plot(sizes, [r[method]["median_ms"] for r in subset], "o", color=color,
-                    markersize=4, label=f"{method} (measured)")
-            alpha, beta = fit[method]["alpha_s"], fit[method]["beta_s_per_byte"]
-            ax.plot(sizes, [1e3 * predict_all_reduce_seconds(algorithm, n, np_, alpha, beta,
-                                                             **options) for n in sizes],
-                    "--", color=color, label=f"{method} (model, own fit)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"P = {np_}")
-        ax.set_xlabel("payload (bytes)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("time per all-reduce (ms)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Reduction tree vs ring (loopback): measured and alpha-beta model")
-    fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "tree_vs_ring.png"), dpi=120)
-
-
 PS_WORKERS = (2, 3, 4, 8)
 PS_SIZES = (256 << 10, 4 << 20)
 
 
 def run_ps(tmp):
-    rows = []
-    for np_ in PS_WORKERS:
-        for flags in (["--num-servers", "1"], []):  # one dedicated server; co-located K = P
-            out = os.path.join(tmp, f"ps{np_}_{len(flags)}.json")
-            launch(np_, "ps_scaling.py", [out, ",".join(map(str, PS_SIZES))], flags=flags)
-            with open(out) as f:
-                rows.extend(json.load(f))
+    # One dedicated server, then co-located servers (K = P), at each P.
+    rows = launch_rows(tmp, "ps_scaling.py",
+                       [(np_, flags) for np_ in PS_WORKERS
+                        for flags in (["--num-servers", "1"], [])],
+                       args=[",".join(map(str, PS_SIZES))])
     result = ps_analysis(rows)
     result["environment"] = environment()
     result["description"] = (
@@ -364,100 +218,13 @@ def run_ps(tmp):
         "(servers=1) or one co-located server per worker (servers=P); 'tree' (fanout 2) and "
         "'ring_collective' are measured in the same processes, interleaved. The PS cost model "
         "2 (m alpha + P n / K beta) is fitted to both PS configurations at once. All processes "
-        "share one 2-core machine, so every method also slows down with P from CPU contention: "
-        "read the ratios between methods at the same P.")
+        "share one 2-core machine, so every method also slows down with P from CPU contention "
+        "(wall times are not the servers' cost); server_load gives, per aggregation, the CPU "
+        "seconds of each server process and the bytes pushed to it, i.e. the server's own "
+        "cost, which the model's P n / K term describes.")
     write("ps_scaling.json", result)
     plot_ps_scaling(rows, result["fit"])
     return result
-
-
-def ps_samples(rows):
-    return [("ps", r["bytes"], r["processes"], {"num_servers": r["servers"]},
-             r["ps"]["median_ms"] / 1e3) for r in rows]
-
-
-def ps_analysis(rows):
-    """One server vs K = P servers: growth with P, ratios, and the fitted cost model."""
-    from benchmarks.cost_fit import error_summary, fit_alpha_beta, relative_errors
-
-    samples = ps_samples(rows)
-    alpha, beta = fit_alpha_beta(samples)
-    fit = {"alpha_s": alpha, "beta_s_per_byte": beta,
-           "prediction_error": error_summary(relative_errors(samples, alpha, beta)),
-           "prediction_error_one_server": error_summary(relative_errors(
-               [s for s in samples if s[3]["num_servers"] == 1], alpha, beta)),
-           "prediction_error_k_equals_p": error_summary(relative_errors(
-               [s for s in samples if s[3]["num_servers"] == s[2]], alpha, beta))}
-
-    def median_ms(method, nbytes, np_, servers):
-        return next(r[method]["median_ms"] for r in rows if r["bytes"] == nbytes
-                    and r["processes"] == np_ and r["servers"] == servers)
-
-    by_size = {}
-    for nbytes in sorted({r["bytes"] for r in rows}):
-        worlds = sorted({r["processes"] for r in rows if r["bytes"] == nbytes})
-        one = {p: median_ms("ps", nbytes, p, 1) for p in worlds}
-        sharded = {p: median_ms("ps", nbytes, p, p) for p in worlds}
-        lo, hi = worlds[0], worlds[-1]
-        by_size[str(nbytes)] = {
-            "ps_one_server_ms": one,
-            "ps_k_equals_p_ms": sharded,
-            "tree_ms": {p: median_ms("tree", nbytes, p, p) for p in worlds},
-            "ring_collective_ms": {p: median_ms("ring_collective", nbytes, p, p) for p in worlds},
-            "one_server_over_k_equals_p": {p: one[p] / sharded[p] for p in worlds},
-            f"one_server_growth_P{hi}_over_P{lo}": one[hi] / one[lo],
-            f"k_equals_p_growth_P{hi}_over_P{lo}": sharded[hi] / sharded[lo],
-            "workers_ratio": hi / lo,
-        }
-    summary = {size: {k: v for k, v in entry.items() if "growth" in k or "over" in k}
-               for size, entry in by_size.items()}
-    summary["model_median_abs_relative_error"] = fit["prediction_error"][
-        "median_abs_relative_error"]
-    return {"summary": summary, "by_size": by_size, "fit": fit, "rows": rows}
-
-
-def plot_ps_scaling(rows, fit):
-    """Aggregation time vs workers, one panel per payload; PS model as dashed lines."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", flush=True)
-        return
-    from tfdist.aggregation.cost_model import predict_all_reduce_seconds
-
-    sizes = sorted({r["bytes"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.2))
-    for ax, nbytes in zip(axes, sizes):
-        subset = [r for r in rows if r["bytes"] == nbytes]
-        worlds = sorted({r["processes"] for r in subset})
-        lines = (("ps", lambda r: r["servers"] == 1, "PS, 1 server", "tab:red"),
-                 ("ps", lambda r: r["servers"] == r["processes"], "PS, K = P servers",
-                  "tab:green"),
-                 ("tree", lambda r: r["servers"] == r["processes"], "tree (fanout 2)",
-                  "tab:purple"),
-                 ("ring_collective", lambda r: r["servers"] == r["processes"],
-                  "ring (TF collectives)", "tab:blue"))
-        for method, keep, label, color in lines:
-            points = sorted((r["processes"], r[method]["median_ms"]) for r in subset if keep(r))
-            ax.plot([p for p, _ in points], [t for _, t in points], "o-", color=color,
-                    label=label)
-        for servers, color in (("1", "tab:red"), ("P", "tab:green")):
-            ax.plot(worlds, [1e3 * predict_all_reduce_seconds(
-                "ps", nbytes, p, fit["alpha_s"], fit["beta_s_per_byte"],
-                num_servers=1 if servers == "1" else p) for p in worlds], "--", color=color,
-                label=f"model, K = {servers}")
-        ax.set_title(f"{nbytes / 2**20:g} MiB of gradients")
-        ax.set_xlabel("workers P")
-        ax.set_ylabel("time per aggregation (ms)")
-        ax.set_xticks(worlds)
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Parameter server: one server vs one per worker (loopback, 2 cores)")
-    fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "ps_scaling.png"), dpi=120)
 
 
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,

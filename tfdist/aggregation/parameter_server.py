@@ -29,8 +29,9 @@ class ShardPlan:
     under gRPC's limit), and piece i goes to server (first_server + i) mod K:
     every server carries the same number of pieces, whose sizes differ by at
     most one element, so no server moves more than 1/K of the bytes plus one
-    element per piece. Buffers under K * `MIN_SPLIT_BYTES` (metric state) are
-    latency-bound and are not split; successive ones go to successive servers.
+    element per piece. Buffers under K * `MIN_SPLIT_BYTES` are latency-bound:
+    they are cut into fewer pieces of at least `MIN_SPLIT_BYTES` (one for
+    metric state), and successive call sites start at successive servers.
     """
 
     def __init__(self, num_elements, element_bytes, num_servers, piece_bytes, first_server=0):
@@ -38,8 +39,8 @@ class ShardPlan:
         self.element_bytes = element_bytes
         total = num_elements * element_bytes
         if total < num_servers * MIN_SPLIT_BYTES:
-            # Small buffers (metric state) are latency-bound: one piece, servers in turn.
-            count = max(1, -(-total // piece_bytes))
+            # Small buffers are latency-bound: pieces of at least MIN_SPLIT_BYTES only.
+            count = max(1, total // MIN_SPLIT_BYTES)
         else:
             count = num_servers * -(-total // (num_servers * piece_bytes))
         count = max(1, min(count, num_elements))
@@ -147,6 +148,15 @@ class ParameterServerAggregator(Aggregator):
                           "(connection refused); it has probably died. Stopping this worker.",
                           file=sys.stderr, flush=True)
                     os._exit(1)  # pylint: disable=protected-access
+
+    def server_stats(self):
+        """Per server: {"pid", "bytes_received", "pieces_received"} since it started (eager)."""
+        stats = []
+        for client in self.clients:
+            pid, nbytes, pieces = client.call("stats", [], tf.TensorSpec([3], tf.int64)).numpy()
+            stats.append({"pid": int(pid), "bytes_received": int(nbytes),
+                          "pieces_received": int(pieces)})
+        return stats
 
     def close(self):
         """Tell the servers this worker is done (at exit); they stop when all are."""

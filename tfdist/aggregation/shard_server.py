@@ -24,6 +24,7 @@ server stops cleanly. Probes use no TensorFlow: nothing runs beside the
 served functions.
 """
 
+import os
 import threading
 import time
 
@@ -81,7 +82,8 @@ class ShardServer:
                                for _ in workers] for wire, dtype in WIRE_DTYPES.items()}
         self.clock = tf.Variable(tf.fill([self.num_workers], tf.constant(-1, tf.int64)))
         self._checkins = tf.Variable(tf.zeros([self.num_workers], tf.int32))
-        methods = {"checkin": self._checkin_function()}
+        self._received = tf.Variable(tf.zeros([2], tf.int64))  # bytes, pieces pushed here
+        methods = {"checkin": self._checkin_function(), "stats": self._stats_function()}
         for wire in WIRE_DTYPES:
             methods[push_method(wire)] = self._push_function(wire)
             methods[pull_method(wire)] = self._pull_function(wire)
@@ -102,11 +104,23 @@ class ShardServer:
                 with tf.control_dependencies([self._inbox[wire][w].enqueue((slot, step, values))]):
                     return tf.constant(0, tf.int32)
             done = self._by_worker(worker, enqueue)
+            nbytes = tf.cast(tf.size(values), tf.int64) * dtype.size
             with tf.control_dependencies([done]):
-                self.clock.scatter_nd_max([[worker]], [step])
+                updates = [self.clock.scatter_nd_max([[worker]], [step]),
+                           self._received.assign_add(tf.stack([nbytes, 1]))]
+            with tf.control_dependencies(updates):
                 return tf.identity(done)
 
         return push
+
+    def _stats_function(self):
+        @tf.function(input_signature=[])
+        def stats():
+            """[process id, bytes received, pieces received] (monitoring, benchmarks)."""
+            return tf.concat([tf.constant([os.getpid()], tf.int64), self._received.read_value()],
+                             axis=0)
+
+        return stats
 
     def _pull_function(self, wire):
         @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
