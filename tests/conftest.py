@@ -16,6 +16,7 @@ def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, l
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
         env.pop(stale, None)
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stacks
     env.update(extra_env or {})
     command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_),
                "--timeout", str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
