@@ -1,10 +1,14 @@
 """Helpers for tests that launch real processes through tfdist-run."""
 
+import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from tfdist.launch.ports import pick_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
@@ -43,6 +47,37 @@ def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
     result.stdout = result.stdout.decode(errors="replace")
     result.stderr = result.stderr.decode(errors="replace")
     return result
+
+
+def tf_config_job(worker_ranks, world, script_args, timeout_s, num_servers=0, busy_port=None):
+    """Start some workers (and `num_servers` ps tasks) of a TF_CONFIG job, without a launcher.
+
+    Returns (processes keyed by worker rank and "ps<i>", worker addresses,
+    server addresses); output is piped. `busy_port` replaces worker 0's port.
+    """
+    ports = pick_ports(world + num_servers)
+    workers = [f"127.0.0.1:{p}" for p in ports[:world]]
+    servers = [f"127.0.0.1:{p}" for p in ports[world:]]
+    if busy_port is not None:
+        workers[0] = f"127.0.0.1:{busy_port}"
+    cluster = {"worker": workers, **({"ps": servers} if servers else {})}
+    tasks = [("ps", index, f"ps{index}") for index in range(num_servers)]
+    tasks += [("worker", rank, rank) for rank in worker_ranks]
+    procs = {}
+    for kind, index, key in tasks:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TIMEOUT=str(timeout_s))
+        for stale in ("TFDIST_RANK", "TFDIST_ROLE", "HOROVOD_RANK"):
+            env.pop(stale, None)
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+        procs[key] = subprocess.Popen([sys.executable] + script_args, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return procs, workers, servers
+
+
+def max_abs_difference(a, b):
+    """Largest absolute difference over arrays with the same keys."""
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def script(name):

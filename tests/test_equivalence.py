@@ -10,7 +10,7 @@ ranks of a run must agree with each other.
 import numpy as np
 import pytest
 
-from conftest import script, tfdist_run
+from conftest import max_abs_difference, script, tfdist_run
 
 TOLERANCE = 1e-4
 
@@ -25,11 +25,6 @@ def runs(tmp_path_factory):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         results[world] = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
     return results
-
-
-def max_abs_difference(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -1,31 +1,15 @@
 """Bad input and dead peers end in a clear error and a non-zero exit, never a hang."""
 
-import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
-from conftest import script, tfdist_run
-from tfdist.launch.ports import pick_ports
+from conftest import script, tf_config_job, tfdist_run
 
 
 def run_ranks_with_tf_config(ranks, world, mode_args, timeout_s, busy_port=None):
-    """Start the given ranks of a `world`-process TF_CONFIG job directly (no launcher)."""
-    addresses = [f"127.0.0.1:{p}" for p in pick_ports(world)]
-    if busy_port is not None:
-        addresses[0] = f"127.0.0.1:{busy_port}"
-    procs = {}
-    for rank in ranks:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TIMEOUT=str(timeout_s))
-        env.pop("TFDIST_RANK", None)
-        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
-                                       "task": {"type": "worker", "index": rank}})
-        procs[rank] = subprocess.Popen(
-            [sys.executable, script("failure_modes.py")] + mode_args, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+    """Start the given ranks of a `world`-process failure_modes.py job under TF_CONFIG."""
+    procs, addresses, _ = tf_config_job(ranks, world, [script("failure_modes.py")] + mode_args,
+                                        timeout_s, busy_port=busy_port)
     return procs, addresses
 
 

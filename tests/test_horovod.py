@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, horovodrun, script, tfdist_run
+from conftest import REPO, horovodrun, max_abs_difference, script, tfdist_run
 
 TOLERANCE = 1e-4
 FP16_TOLERANCE = 2e-2
@@ -24,11 +24,6 @@ def train(launch, world, prefix, *options):
                           *options], timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done, [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
-
-
-def max_abs_difference(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 @pytest.fixture(scope="module")

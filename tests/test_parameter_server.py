@@ -1,19 +1,15 @@
 """ParameterServerStrategy (sync): same training as one process with dedicated or
 co-located servers; balanced partition; dead servers and dead workers fail clearly."""
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import script, tfdist_run
+from conftest import max_abs_difference, script, tf_config_job, tfdist_run
 from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
-from tfdist.launch.ports import pick_ports
 
 TOLERANCE = 1e-4
 CONFIGS = ("adam", "adam_tfdata")  # numpy input; shuffled tf.data with steps_per_execution=2
@@ -32,11 +28,6 @@ def train_ps(tmp_path, workers, servers):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     return train_ps(tmp_path_factory.mktemp("ps"), 1, 0)[0][0]
-
-
-def max_abs_difference(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 @pytest.mark.parametrize("workers,servers", [
@@ -75,22 +66,10 @@ def test_small_buffers_stay_whole_and_rotate_over_servers():
 
 
 def ps_job(workers, servers, mode_args, timeout_s):
-    """Start a TF_CONFIG job (chief + workers, ps tasks) directly, without a launcher."""
-    ports = pick_ports(workers + servers)
-    worker_addresses = [f"127.0.0.1:{p}" for p in ports[:workers]]
-    server_addresses = [f"127.0.0.1:{p}" for p in ports[workers:]]
-    cluster = {"worker": worker_addresses, "ps": server_addresses}
-    procs = {}
-    for kind, count in (("ps", servers), ("worker", workers)):
-        for index in range(count):
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TIMEOUT=str(timeout_s))
-            for stale in ("TFDIST_RANK", "TFDIST_ROLE", "HOROVOD_RANK"):
-                env.pop(stale, None)
-            env["TF_CONFIG"] = json.dumps({"cluster": cluster,
-                                           "task": {"type": kind, "index": index}})
-            procs[f"{kind}{index}"] = subprocess.Popen(
-                [sys.executable, script("failure_modes.py")] + mode_args + ["--strategy", "ps"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """Start a TF_CONFIG job of failure_modes.py with workers and ps tasks, no launcher."""
+    procs, _, server_addresses = tf_config_job(
+        range(workers), workers, [script("failure_modes.py")] + mode_args + ["--strategy", "ps"],
+        timeout_s, num_servers=servers)
     return procs, server_addresses
 
 
@@ -110,17 +89,17 @@ def wait_for_line(proc, text, timeout):
 def test_dead_server_fails_the_workers_naming_it():
     procs, servers = ps_job(2, 1, ["slow"], timeout_s=60)
     try:
-        head = wait_for_line(procs["worker0"], "epoch 1 started", timeout=120)
+        head = wait_for_line(procs[0], "epoch 1 started", timeout=120)
         procs["ps0"].send_signal(signal.SIGKILL)
         start = time.monotonic()
-        outputs = {name: procs[name].communicate(timeout=120)[0] for name in ("worker0", "worker1")}
+        outputs = {rank: procs[rank].communicate(timeout=120)[0] for rank in (0, 1)}
         elapsed = time.monotonic() - start
     finally:
         for proc in procs.values():
             proc.kill()
-    outputs["worker0"] = head + outputs["worker0"]
-    for name, out in outputs.items():
-        assert procs[name].returncode not in (0, None), out[-3000:]
+    outputs[0] = head + outputs[0]
+    for rank, out in outputs.items():
+        assert procs[rank].returncode not in (0, None), out[-3000:]
         assert f"parameter server 0 ({servers[0]})" in out, out[-3000:]
         assert "failed" in out or "unreachable" in out, out[-3000:]
         assert "finished" not in out
@@ -136,14 +115,14 @@ def test_dead_worker_fails_the_server_and_the_other_workers():
         for proc in procs.values():
             proc.kill()
     elapsed = time.monotonic() - start
-    assert procs["worker1"].returncode == 3
+    assert procs[1].returncode == 3
     assert procs["ps0"].returncode == 1, outputs["ps0"][-3000:]
     assert "worker rank 1 (" in outputs["ps0"] and "has probably died" in outputs["ps0"], \
         outputs["ps0"][-3000:]
-    assert procs["worker0"].returncode not in (0, None)
+    assert procs[0].returncode not in (0, None)
     assert f"parameter server 0 ({servers[0]}) stopped because worker rank 1" in \
-        outputs["worker0"].replace("\n", " ").replace("[", "").replace("]", ""), \
-        outputs["worker0"][-3000:]
+        outputs[0].replace("\n", " ").replace("[", "").replace("]", ""), \
+        outputs[0][-3000:]
     assert elapsed < 90, f"took {elapsed:.0f} s"
 
 

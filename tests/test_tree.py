@@ -13,8 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import script, tfdist_run
-from test_failures import run_ranks_with_tf_config
+from conftest import max_abs_difference, script, tf_config_job, tfdist_run
 
 TOLERANCE = 1e-4
 FANOUTS = (2, 3)
@@ -34,11 +33,6 @@ def train_tree(tmp_path, world):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     return train_tree(tmp_path_factory.mktemp("tree"), 1)[0]
-
-
-def max_abs_difference(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 @pytest.mark.parametrize("world", [
@@ -63,8 +57,9 @@ def test_rank_dying_mid_reduction_fails_the_others_naming_it():
     """4 ranks, fanout 2: rank 1 is an inner node (parent of rank 3). When it dies, its
     parent (the root) and its child are both stuck in a transfer with it; each must fail
     by itself (no launcher to kill them) with a message naming rank 1."""
-    procs, addresses = run_ranks_with_tf_config([0, 1, 2, 3], 4, ["crash", "1", "--strategy",
-                                                                   "tree"], timeout_s=60)
+    procs, addresses, _ = tf_config_job(
+        [0, 1, 2, 3], 4, [script("failure_modes.py"), "crash", "1", "--strategy", "tree"],
+        timeout_s=60)
     start = time.monotonic()
     outputs = {rank: proc.communicate(timeout=180)[0] for rank, proc in procs.items()}
     elapsed = time.monotonic() - start
