@@ -92,6 +92,16 @@ def add_ratios(row, ratios, show):
                           for k, v in row.items() if not isinstance(v, dict)}), flush=True)
 
 
+def collective_and_horovod():
+    """Both engines' communicators in one process (under `tfdist-run --horovod`).
+
+    TensorFlow's collective server must start before any TensorFlow op runs,
+    and Horovod's initialization runs some: collectives first.
+    """
+    collective = runtime.communicator("collective")
+    return collective, runtime.communicator("horovod")
+
+
 def output_and_sizes(argv):
     """(OUT.json, payload sizes) from a worker's command line: OUT.json [SIZES]."""
     return argv[1], [int(s) for s in argv[2].split(",")] if len(argv) > 2 else SIZES

@@ -13,8 +13,7 @@ Usage: allreduce_backends.py OUT.json [SIZES]
 
 import sys
 
-from benchmarks.allreduce import output_and_sizes, run_sizes
-from tfdist import runtime
+from benchmarks.allreduce import collective_and_horovod, output_and_sizes, run_sizes
 from tfdist.aggregation.ring import RingAllReduceAggregator
 
 PIECES = 16
@@ -22,8 +21,7 @@ PIECES = 16
 
 def main():
     out, sizes = output_and_sizes(sys.argv)
-    collective = runtime.communicator("collective")  # first: before any TensorFlow op
-    horovod = runtime.communicator("horovod")
+    collective, horovod = collective_and_horovod()
     hvd = horovod._hvd  # pylint: disable=protected-access
     world = horovod.world_size
 

@@ -10,8 +10,7 @@ Usage: tree_vs_ring.py OUT.json [SIZES]
 
 import sys
 
-from benchmarks.allreduce import output_and_sizes, run_sizes
-from tfdist import runtime
+from benchmarks.allreduce import collective_and_horovod, output_and_sizes, run_sizes
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.aggregation.tree import ReductionTreeAggregator
 
@@ -20,8 +19,7 @@ FANOUT = 2
 
 def main():
     out, sizes = output_and_sizes(sys.argv)
-    collective = runtime.communicator("collective")  # first: before any TensorFlow op
-    horovod = runtime.communicator("horovod")
+    collective, horovod = collective_and_horovod()
     world = collective.world_size
     tree = ReductionTreeAggregator(collective, fanout=FANOUT)
     methods = {

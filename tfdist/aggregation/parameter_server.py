@@ -2,6 +2,7 @@
 pull back the sums."""
 
 import atexit
+import itertools
 import os
 import sys
 import threading
@@ -121,6 +122,7 @@ class ParameterServerAggregator(Aggregator):
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_ps_step")
         self._next_slot = 0
         self._slot_lock = threading.Lock()
+        self._call_sites = itertools.count()
         self._chains = weakref.WeakKeyDictionary()  # graph -> {(server, "push"|"pull"): op}
         self._logged_plans = set()
         self._stop = threading.Event()
@@ -199,11 +201,11 @@ class ParameterServerAggregator(Aggregator):
 
     def _reduce_flat(self, flat, step):
         wire, _ = _wire(flat.dtype)
-        first_slot = self._reserve_slots(0)
+        # Successive call sites start at successive servers (balances small buffers).
         plan = ShardPlan(flat.shape.num_elements(), flat.dtype.size, len(self.clients),
-                         self.piece_bytes, first_server=first_slot % len(self.clients))
+                         self.piece_bytes, first_server=next(self._call_sites))
         self._log_plan(plan, flat)
-        self._reserve_slots(len(plan.sizes))
+        first_slot = self._reserve_slots(len(plan.sizes))
         pieces = tf.split(flat, plan.sizes) if len(plan.sizes) > 1 else [flat]
         sums = []
         for index, (piece, server) in enumerate(zip(pieces, plan.servers)):

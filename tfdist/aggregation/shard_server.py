@@ -189,8 +189,7 @@ class ShardServer:
                 for queue in queues:
                     queue.close(cancel_pending_enqueues=True)
 
-    def _check_workers(self, started, refusals):
-        checkins = self._checkins.numpy()
+    def _check_workers(self, checkins, started, refusals):
         for worker, state in enumerate(checkins):
             if state == GOODBYE:
                 continue
@@ -218,11 +217,12 @@ class ShardServer:
             thread.start()
         started, refusals = time.time(), [0] * self.num_workers
         while not self._stopped.wait(PROBE_INTERVAL_SECONDS):
-            if (self._checkins.numpy() == GOODBYE).all():
+            checkins = self._checkins.numpy()
+            if (checkins == GOODBYE).all():
                 logging.info("tfdist %s: all workers finished; stopping", self.name)
                 self._stopped.set()
                 break
-            self._check_workers(started, refusals)
+            self._check_workers(checkins, started, refusals)
         self._close_queues()
         for thread in threads:
             thread.join(timeout=5.0)
