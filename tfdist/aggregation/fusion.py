@@ -48,7 +48,20 @@ class FusionPlan:
         """Inverse of `pack` (on reduced buffers): the tensors in original order."""
         out = [None] * self.count
         for flat, (_, entries) in zip(flats, self.buckets):
-            pieces = tf.split(flat, [size for _, _, size in entries]) if len(entries) > 1 else [flat]
+            pieces = split_flat(flat, [size for _, _, size in entries])
             for piece, (index, shape, _) in zip(pieces, entries):
                 out[index] = tf.reshape(piece, shape)
         return out
+
+
+def near_equal_sizes(num_elements, count):
+    """`count` sizes (at most `num_elements` of them, at least one) that differ by at most
+    one element and sum to `num_elements`: how chunked algorithms cut a flat buffer."""
+    count = max(1, min(count, num_elements))
+    base, extra = divmod(num_elements, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def split_flat(flat, sizes):
+    """`flat` cut into consecutive pieces of `sizes` elements."""
+    return tf.split(flat, sizes) if len(sizes) > 1 else [flat]

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfdist.aggregation import shard_server
 from tfdist.aggregation.base import Aggregator
-from tfdist.aggregation.fusion import FusionPlan
+from tfdist.aggregation.fusion import FusionPlan, near_equal_sizes, split_flat
 from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES, RpcClient
 from tfdist.launch.ports import connection_refused
 
@@ -41,13 +41,11 @@ class ShardPlan:
         total = num_elements * element_bytes
         if total < num_servers * MIN_SPLIT_BYTES:
             # Small buffers are latency-bound: pieces of at least MIN_SPLIT_BYTES only.
-            count = max(1, total // MIN_SPLIT_BYTES)
+            count = total // MIN_SPLIT_BYTES
         else:
             count = num_servers * -(-total // (num_servers * piece_bytes))
-        count = max(1, min(count, num_elements))
-        base, extra = divmod(num_elements, count)
-        self.sizes = [base + 1] * extra + [base] * (count - extra)
-        self.servers = [(first_server + i) % self.num_servers for i in range(count)]
+        self.sizes = near_equal_sizes(num_elements, count)
+        self.servers = [(first_server + i) % self.num_servers for i in range(len(self.sizes))]
 
     def bytes_per_server(self):
         totals = [0] * self.num_servers
@@ -206,7 +204,7 @@ class ParameterServerAggregator(Aggregator):
                          self.piece_bytes, first_server=next(self._call_sites))
         self._log_plan(plan, flat)
         first_slot = self._reserve_slots(len(plan.sizes))
-        pieces = tf.split(flat, plan.sizes) if len(plan.sizes) > 1 else [flat]
+        pieces = split_flat(flat, plan.sizes)
         sums = []
         for index, (piece, server) in enumerate(zip(pieces, plan.servers)):
             client, slot = self.clients[server], tf.constant(first_slot + index, tf.int64)

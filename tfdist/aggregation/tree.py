@@ -5,7 +5,8 @@ import math
 import tensorflow as tf
 
 from tfdist.aggregation.base import Aggregator
-from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES, FusionPlan
+from tfdist.aggregation.fusion import (DEFAULT_BUCKET_BYTES, FusionPlan, near_equal_sizes,
+                                      split_flat)
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 _UP, _DOWN = 0, 1
@@ -47,10 +48,7 @@ class KaryTree:
 
 def chunk_sizes(num_elements, element_bytes, chunk_bytes):
     """Split `num_elements` into near-equal chunks of at most `chunk_bytes` each."""
-    count = max(1, math.ceil(num_elements * element_bytes / chunk_bytes))
-    count = min(count, max(1, num_elements))
-    base, extra = divmod(num_elements, count)
-    return [base + 1] * extra + [base] * (count - extra)
+    return near_equal_sizes(num_elements, math.ceil(num_elements * element_bytes / chunk_bytes))
 
 
 class ReductionTreeAggregator(Aggregator):
@@ -117,7 +115,7 @@ class ReductionTreeAggregator(Aggregator):
     def _reduce_flat(self, flat):
         comm, tree, rank = self.communicator, self.tree, self.communicator.rank
         sizes = chunk_sizes(flat.shape.num_elements(), flat.dtype.size, self.chunk_bytes)
-        chunks = tf.split(flat, sizes) if len(sizes) > 1 else [flat]
+        chunks = split_flat(flat, sizes)
         # One key per (edge, chunk, direction), the same block on every rank; an
         # edge is named by its child rank 1..P-1.
         first_key = comm.reserve_instance_keys(2 * len(chunks) * (tree.world_size - 1))
