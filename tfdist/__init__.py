@@ -8,7 +8,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "runtime", "strategies")
+_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "optimizers", "runtime", "strategies")
 
 
 def __getattr__(name):

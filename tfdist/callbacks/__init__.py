@@ -1,1 +1,12 @@
-"""Keras 3 callbacks for distributed and large-batch training."""
+"""Keras 3 callbacks for distributed and large-batch training.
+
+The learning-rate callbacks compose in one order, whatever order they are
+listed in: `LearningRateScaling` -> `LearningRateWarmup` ->
+`LearningRateSchedule` (see `learning_rate_control`).
+"""
+
+from tfdist.callbacks.learning_rate_scaling import LearningRateScaling
+from tfdist.callbacks.learning_rate_schedule import LearningRateSchedule
+from tfdist.callbacks.learning_rate_warmup import LearningRateWarmup
+
+__all__ = ["LearningRateScaling", "LearningRateWarmup", "LearningRateSchedule"]

@@ -12,20 +12,26 @@ would expect it, without changes to their script:
 * `jit_compile` is turned off for multi-process models (XLA cannot compile
   the cross-process collectives inside the step);
 * every call of the compiled train/test/predict step is bounded by the job
-  timeout (`_StepTimeout`): its collectives carry no op-level timeout.
+  timeout (`_StepTimeout`): its collectives carry no op-level timeout;
+* the data adapter of the latest epoch iterator is remembered, so that
+  callbacks can read the global batch size `fit` received
+  (`latest_data_batch_size`).
 
 These apply only to models built under a tfdist strategy on a non-chief
 rank; everything else is untouched. `install()` is idempotent.
 """
 
 import inspect
+import weakref
 
 import keras
 from absl import logging
 # Keras has no public hook where every rank builds its epoch iterator.
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
+from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 _installed = False
+_latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
 _CHIEF_ONLY_WRITERS = (
     keras.callbacks.TensorBoard,
     keras.callbacks.ModelCheckpoint,
@@ -34,19 +40,20 @@ _CHIEF_ONLY_WRITERS = (
 )
 
 
-def _tfdist_strategy(model):
+def tfdist_strategy(model):
+    """The tfdist strategy `model` was built under, or None."""
     strategy = getattr(model, "_distribute_strategy", None)
     return strategy if hasattr(strategy, "world_size") and hasattr(strategy, "is_chief") else None
 
 
 def is_non_chief_model(model):
-    strategy = _tfdist_strategy(model)
+    strategy = tfdist_strategy(model)
     return strategy is not None and not strategy.is_chief
 
 
 def _keep_collectives_out_of_xla(model):
     """XLA cannot compile TensorFlow's cross-process collective ops: run the step unjitted."""
-    strategy = _tfdist_strategy(model)
+    strategy = tfdist_strategy(model)
     if strategy is not None and strategy.world_size > 1 and model.jit_compile:
         if strategy.is_chief:
             logging.warning("tfdist: jit_compile disabled for %s: the step contains "
@@ -98,7 +105,7 @@ class _StepTimeout(keras.callbacks.Callback):
 
 
 def _with_step_timeout(model, callbacks):
-    strategy = _tfdist_strategy(model)
+    strategy = tfdist_strategy(model)
     communicator = getattr(getattr(strategy, "extended", None), "communicator", None)
     if communicator is None or not hasattr(communicator, "expect_progress"):
         return callbacks
@@ -158,8 +165,26 @@ def _for_non_chief(callbacks):
     return kept
 
 
+def latest_data_batch_size():
+    """Rows per batch of the data given to the latest fit/evaluate/predict, or None.
+
+    `fit` builds its training epoch iterator just before its callbacks'
+    `on_train_begin`, so there it is the global batch size of the training
+    data: the `batch_size` argument for arrays, the batch dimension for a
+    batched `tf.data.Dataset` (read from the pipeline when not static).
+    """
+    adapter = _latest_data_adapter() if _latest_data_adapter is not None else None
+    if adapter is None:
+        return None
+    size = adapter.batch_size
+    if size is None and isinstance(adapter, TFDatasetAdapter):
+        from tfdist import _tf  # pylint: disable=import-outside-toplevel
+        size = int(_tf.static_batch_size(adapter.get_tf_dataset()))
+    return int(size) if size is not None and size > 0 else None
+
+
 def install():
-    """Patch Keras' CallbackList and Model.save/save_weights (once per process)."""
+    """Patch Keras' CallbackList, TFEpochIterator and Model.save/save_weights (once per process)."""
     global _installed
     if _installed:
         return
@@ -183,7 +208,9 @@ def install():
     epoch_iterator_init = TFEpochIterator.__init__
 
     def iterator_init(self, distribute_strategy=None, *args, **kwargs):
+        global _latest_data_adapter
         epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        _latest_data_adapter = weakref.ref(self.data_adapter)
         if getattr(distribute_strategy, "world_size", 1) > 1:
             distribute_strategy.extended.check_same_number_of_batches(self.num_batches)
 
