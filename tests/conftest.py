@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -29,6 +30,20 @@ def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, l
     result.stdout = result.stdout.decode(errors="replace")
     result.stderr = result.stderr.decode(errors="replace")
     return result
+
+
+def failure_report(done, tail=3000):
+    """What a failed job printed: any native crash's stacks in full, then the output's tails.
+
+    A segmentation fault with PYTHONFAULTHANDLER=1 prints every thread's
+    Python stack; a plain tail would cut them off.
+    """
+    text = done.stdout + done.stderr
+    crashes = []
+    for match in re.finditer(r"(?:\[\d+\] )?Fatal Python error", text):
+        crashes.append(text[match.start():match.start() + 6000])
+    return "\n".join(crashes + ["--- stdout tail ---", done.stdout[-tail:],
+                                 "--- stderr tail ---", done.stderr[-tail:]])
 
 
 def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):

@@ -10,7 +10,7 @@ ranks of a run must agree with each other.
 import numpy as np
 import pytest
 
-from conftest import max_abs_difference, script, tfdist_run
+from conftest import failure_report, max_abs_difference, script, tfdist_run
 
 TOLERANCE = 1e-4
 
@@ -22,7 +22,7 @@ def runs(tmp_path_factory):
     for world in (1, 2, 3, 4):
         prefix = str(out / f"np{world}")
         done = tfdist_run(world, [script("train_equivalence.py"), prefix], timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.returncode == 0, failure_report(done)
         results[world] = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
     return results
 

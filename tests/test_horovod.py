@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, horovodrun, max_abs_difference, script, tfdist_run
+from conftest import REPO, failure_report, horovodrun, max_abs_difference, script, tfdist_run
 
 TOLERANCE = 1e-4
 FP16_TOLERANCE = 2e-2
@@ -22,7 +22,7 @@ CONFIGS = "adam,adam_tfdata"  # the latter: shuffled tf.data, steps_per_executio
 def train(launch, world, prefix, *options):
     done = launch(world, [script("train_equivalence.py"), prefix, "--configs", CONFIGS,
                           *options], timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     return done, [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
 
 
@@ -73,7 +73,7 @@ def test_fp16_compression_halves_the_bytes_on_the_wire(tmp_path, backend):
     out = tmp_path / "wire.json"
     worker = os.path.join(REPO, "benchmarks", "wire_bytes.py")  # also run by make bench
     done = horovod_tfdist_run(2, [worker, str(out), backend], timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     result = json.loads(out.read_text())
     # A 2-process ring sends the payload once per rank each way: ~2x payload in all.
     assert result["none"]["wire_bytes_per_all_reduce"] >= 1.9 * result["none"]["payload_bytes"]

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import script, tfdist_run
+from conftest import failure_report, script, tfdist_run
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +13,7 @@ def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("keras")
     out = str(workdir / "out")
     result = tfdist_run(2, [script("keras_integration.py"), out, str(workdir)], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, failure_report(result)
     return workdir, out, result
 
 

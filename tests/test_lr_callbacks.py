@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from conftest import script, tfdist_run
+from conftest import failure_report, script, tfdist_run
 from tfdist.callbacks import LearningRateScaling, LearningRateSchedule, LearningRateWarmup
 
 ROWS, BATCH = 200, 20  # 10 steps per epoch
@@ -249,7 +249,7 @@ def test_trajectory_and_resume_in_real_training(tmp_path, world):
         done = subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=300)
     else:
         done = tfdist_run(world, args, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     results = [json.load(open(f"{out}.rank{r}.json")) for r in range(world)]
     schedules = [(lambda e: 1.0 - 0.1 * e, 1, None, False), (0.5, 3, None, True)]
     base = 0.05 * 64 / 32  # the global batch, not the per-process one

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import max_abs_difference, script, tf_config_job, tfdist_run
+from conftest import failure_report, max_abs_difference, script, tf_config_job, tfdist_run
 from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
 
 TOLERANCE = 1e-4
@@ -21,7 +21,7 @@ def train_ps(tmp_path, workers, servers):
     launcher = ["--num-servers", str(servers)] if servers else []
     done = tfdist_run(workers, [script("train_equivalence.py"), prefix, "--strategy", "ps"]
                       + TRAINING, timeout=900, run_timeout=120, launcher=launcher)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(workers)], done
 
 
@@ -130,7 +130,7 @@ def test_servers_exit_cleanly_and_no_process_is_left_behind(tmp_path):
     marker = str(tmp_path)  # unique in the command lines of this test's processes
     done = tfdist_run(2, [script("failure_modes.py"), "train", "--strategy", "ps", "--tag", marker],
                       timeout=300, run_timeout=60, launcher=["--num-servers", "2"])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     assert done.stdout.count("finished") == 2
     crashed = tfdist_run(3, [script("failure_modes.py"), "crash", "2", "--strategy", "ps",
                              "--tag", marker], timeout=300, run_timeout=60,
@@ -146,5 +146,5 @@ def test_eight_workers_and_two_servers_run_on_two_cores():
     """Server-side waits hold no TensorFlow threads: 10 processes on 2 cores finish."""
     done = tfdist_run(8, [script("failure_modes.py"), "train", "--strategy", "ps"],
                       timeout=900, run_timeout=300, launcher=["--num-servers", "2"])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     assert done.stdout.count("finished") == 8

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import max_abs_difference, script, tf_config_job, tfdist_run
+from conftest import failure_report, max_abs_difference, script, tf_config_job, tfdist_run
 
 TOLERANCE = 1e-4
 FANOUTS = (2, 3)
@@ -26,7 +26,7 @@ def train_tree(tmp_path, world):
     fanouts = "2" if world == 1 else ",".join(map(str, FANOUTS))
     done = tfdist_run(world, [script("train_equivalence.py"), prefix, "--strategy", "tree",
                               "--fanouts", fanouts] + TRAINING, timeout=900, run_timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
 
 
