@@ -1,7 +1,8 @@
 """`tfdist-bench`: run the benchmarks and write results under benchmarks/results/.
 
     tfdist-bench                      # everything
-    tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps
+    tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
+                                      # large_batch
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks import large_batch
 from benchmarks.plotting import RESULTS, plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
 from benchmarks.tree_report import plot_tree_vs_ring, tree_analysis
@@ -228,7 +230,8 @@ def run_ps(tmp):
 
 
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
-         "compression": run_compression, "tree": run_tree, "ps": run_ps}
+         "compression": run_compression, "tree": run_tree, "ps": run_ps,
+         "large_batch": large_batch.run}
 
 
 def main(argv=None):

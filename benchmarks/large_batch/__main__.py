@@ -1,0 +1,3 @@
+from benchmarks.large_batch.experiment import main
+
+main()
