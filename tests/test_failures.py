@@ -35,6 +35,13 @@ def test_survivors_detect_a_dead_peer_without_a_launcher():
     assert elapsed < 60, f"dead peer detected only after {elapsed:.0f} s"
 
 
+def test_a_peer_that_exits_first_after_training_is_not_a_failure():
+    result = tfdist_run(2, [script("failure_modes.py"), "late_exit"], timeout=200, run_timeout=60)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.count("finished") == 2
+    assert "unreachable" not in result.stdout + result.stderr, result.stderr[-2000:]
+
+
 def test_missing_peer_times_out_naming_it():
     procs, addresses = run_ranks_with_tf_config([0], 2, ["train"], timeout_s=8)
     start = time.monotonic()

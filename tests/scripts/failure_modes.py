@@ -7,10 +7,12 @@
   uneven           rank 1 passes less data than rank 0
   stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
   slow             train with 0.1 s pauses per batch (about 10 s), printing each epoch
+  late_exit        train normally; rank 1 then takes 8 s more than rank 0 to exit
 Add --strategy tree (fanout 2) or --strategy ps to train with that strategy instead of the ring.
 """
 
 import argparse
+import atexit
 import os
 import time
 
@@ -81,6 +83,8 @@ def main():
     batch = 50 if mode == "indivisible" else 24
     model.fit(x, y, batch_size=batch, epochs=3, verbose=0, callbacks=callbacks)
     print("finished", flush=True)
+    if mode == "late_exit" and strategy.rank == 1:
+        atexit.register(time.sleep, 8)  # runs before tfdist's own exit handlers
 
 
 if __name__ == "__main__":

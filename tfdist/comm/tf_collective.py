@@ -133,6 +133,10 @@ class CollectiveCommunicator:
     def _watch_peers(self):
         failures = {}
         while not self._monitor_stop.wait(HEALTH_CHECK_INTERVAL_SECONDS):
+            if not threading.main_thread().is_alive():
+                # The program has finished (Python is running its exit handlers): a
+                # peer that has already exited is not a failure.
+                return
             if self._abort_stalled_call():
                 return
             for peer in range(self.world_size):
