@@ -204,9 +204,9 @@ class LearningRateController:
     def register(self, term):
         self._terms = [ref for ref in self._terms if ref() is not None and ref() is not term]
         self._terms.append(weakref.ref(term))
-        optimizer = self._model().optimizer
+        optimizer = getattr(self._model(), "optimizer", None)
         if optimizer is None:
-            return
+            return  # not compiled yet: checked at train begin
         _check_float_rate(optimizer, type(term).__name__)
         # Recorded before any on_train_begin, i.e. before BackupAndRestore
         # loads a saved rate; a rate the user set since our last write is new.
@@ -219,7 +219,10 @@ class LearningRateController:
         if self._plan is not None and self._plan_params is term.params:
             return
         model = self._model()
-        optimizer = model.optimizer
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError(f"{type(term).__name__} sets the optimizer's learning rate, but "
+                             f"model {model.name!r} has no optimizer: compile it first.")
         _check_float_rate(optimizer, type(term).__name__)
         terms = [ref() for ref in self._terms]
         terms = [t for t in terms if t is not None and t.params is term.params]
