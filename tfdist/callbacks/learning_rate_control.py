@@ -150,12 +150,9 @@ class RatePlan:
             self.initial_rate = (self.target_rate / world_size if self.warmup.initial_lr is None
                                  else self.warmup.initial_lr)
             self.warmup_steps = self.warmup.warmup_epochs * self.steps_per_epoch
-            self.momentum_buffers = (lambda: velocity_buffers(optimizer)) if \
-                self.warmup.momentum_correction else None
-            if self.momentum_buffers:
-                velocity_buffers(optimizer)  # raises now for an unsuitable optimizer
-        else:
-            self.momentum_buffers = None
+        self.momentum_correction = bool(self.warmup and self.warmup.momentum_correction)
+        if self.momentum_correction:
+            velocity_buffers(optimizer)  # raises now for an unsuitable optimizer
 
     @staticmethod
     def _resolve_steps_per_epoch(terms, params):
@@ -207,7 +204,6 @@ class LearningRateController:
         optimizer = getattr(self._model(), "optimizer", None)
         if optimizer is None:
             return  # not compiled yet: checked at train begin
-        _check_float_rate(optimizer, type(term).__name__)
         # Recorded before any on_train_begin, i.e. before BackupAndRestore
         # loads a saved rate; a rate the user set since our last write is new.
         current = _current_rate(optimizer)
@@ -247,9 +243,9 @@ class LearningRateController:
         current = _current_rate(optimizer)
         if new == current:
             return
-        if plan.momentum_buffers and current > 0:
+        if plan.momentum_correction and current > 0:
             ratio = new / current
-            for buffer in plan.momentum_buffers():
+            for buffer in velocity_buffers(optimizer):  # created when the optimizer is built
                 buffer.assign(buffer * ratio)
         optimizer.learning_rate = new
         seen = _first_seen_rates.get(optimizer)

@@ -61,7 +61,7 @@ class LearningRateScaling(LearningRateTerm):
         self.rule = rule
         self.global_batch_size = global_batch_size
         self.verbose = verbose
-        self.resolved_batch_size = None
+        self.resolved_batch_size = self.scaled_lr = None
 
     def scaled_rate(self, inferred_batch_size):
         """base_lr * f(B / base_batch_size), B explicit or inferred from the data."""
@@ -71,10 +71,11 @@ class LearningRateScaling(LearningRateTerm):
                 "LearningRateScaling could not infer the global batch size from the data given "
                 "to fit (it has no static batch size). Pass global_batch_size=.")
         self.resolved_batch_size = int(batch)
-        return self.base_lr * RULES[self.rule](batch / self.base_batch_size)
+        self.scaled_lr = self.base_lr * RULES[self.rule](batch / self.base_batch_size)
+        return self.scaled_lr
 
     def describe(self):
         batch = self.resolved_batch_size
         return (f"LearningRateScaling: global batch {batch} = {batch / self.base_batch_size:g} x "
                 f"{self.base_batch_size}; {self.rule} rule: learning rate {self.base_lr:g} -> "
-                f"{self.scaled_rate(batch):g}")
+                f"{self.scaled_lr:g}")

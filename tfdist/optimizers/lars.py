@@ -57,7 +57,6 @@ class LARS(keras.optimizers.Optimizer):
     def __init__(self, learning_rate=0.1, momentum=0.9, weight_decay=0.0,
                  trust_coefficient=0.001, epsilon=0.0, nesterov=False,
                  exclude_from_adaptation=None, name="lars", **kwargs):
-        kwargs.pop("weight_decay", None)
         super().__init__(learning_rate=learning_rate, name=name, weight_decay=None, **kwargs)
         for arg, value, upper in (("momentum", momentum, 1.0), ("weight_decay", weight_decay, None),
                                   ("trust_coefficient", trust_coefficient, None),

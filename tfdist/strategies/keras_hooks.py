@@ -30,6 +30,8 @@ from absl import logging
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
+from tfdist import _tf
+
 _installed = False
 _latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
 _CHIEF_ONLY_WRITERS = (
@@ -178,7 +180,6 @@ def latest_data_batch_size():
         return None
     size = adapter.batch_size
     if size is None and isinstance(adapter, TFDatasetAdapter):
-        from tfdist import _tf  # pylint: disable=import-outside-toplevel
         size = int(_tf.static_batch_size(adapter.get_tf_dataset()))
     return int(size) if size is not None and size > 0 else None
 
