@@ -27,6 +27,7 @@ Failure handling, all bounded by the job timeout:
 import contextlib
 
 import atexit
+import math
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from tfdist.launch.ports import port_is_free
 WORLD_GROUP_KEY = 1
 FIRST_PAIR_GROUP_KEY = 1000  # group keys of the two-rank groups used for point-to-point
 FIRST_INSTANCE_KEY = 100
+GATHER_CAPACITY_BUCKETS = 32  # instance keys per all_gather call site: capacities 2**0..2**31
 HEALTH_CHECK_INTERVAL_SECONDS = 2.0
 HEALTH_CHECK_FAILURES_BEFORE_ABORT = 2
 _UNREACHABLE = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
@@ -269,19 +271,36 @@ class CollectiveCommunicator:
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0, in rank order.
 
-        Ranks may hold different numbers of rows: rows are padded to the
-        largest count for the exchange and the padding is dropped after.
+        Ranks may hold different numbers of rows, and one call site (a traced
+        step) may see different shapes from call to call (predict with another
+        batch size, a partial last batch, sparse gradients). TensorFlow fixes
+        the shape of a collective instance at its first use, so the data is
+        flattened and padded to a power-of-two capacity, and each capacity has
+        its own instance key, reserved per call site: shapes of one instance
+        never change, and padding costs at most 2x. First the shapes are
+        gathered (fixed size), then the padded data.
         """
         tensor = tf.convert_to_tensor(tensor)
         with tf.device(self.device):
-            rows = tf.shape(tensor, out_type=tf.int32)[:1]
-            all_rows = self._gather_equal(rows)
-            max_rows = tf.reduce_max(all_rows)
-            padding = [[0, max_rows - rows[0]]] + [[0, 0]] * (tensor.shape.rank - 1)
-            gathered = self._gather_equal(tf.pad(tensor, padding))
-            starts = tf.range(self.world_size, dtype=tf.int32) * max_rows
-            keep = tf.ragged.range(starts, starts + all_rows).flat_values
-            return tf.gather(gathered, keep)
+            shape = tf.shape(tensor, out_type=tf.int32)
+            shapes = self._gather_equal(shape[None])  # [P, rank]
+            sizes = tf.reduce_prod(shapes, axis=1)
+            largest = tf.maximum(tf.reduce_max(sizes), 1)
+            bucket = tf.cast(tf.math.ceil(
+                tf.math.log(tf.cast(largest, tf.float64)) / math.log(2.0) - 1e-9), tf.int32)
+            bucket = tf.maximum(bucket, 0)
+            capacity = tf.bitwise.left_shift(1, bucket)
+            base_key = self.reserve_instance_keys(GATHER_CAPACITY_BUCKETS)
+            flat = tf.reshape(tensor, [-1])
+            padded = tf.pad(flat, [[0, capacity - tf.size(flat)]])
+            gathered = _tf.all_gather_v2(
+                padded, self.world_size, WORLD_GROUP_KEY, base_key + bucket,
+                communication_hint="ring", timeout=self._op_timeout(),
+            )
+            starts = tf.range(self.world_size, dtype=tf.int32) * capacity
+            keep = tf.ragged.range(starts, starts + sizes).flat_values
+            rows = tf.reduce_sum(shapes[:, 0])
+            return tf.reshape(tf.gather(gathered, keep), tf.concat([[rows], shape[1:]], 0))
 
     def all_gather_strings(self, text, max_bytes=1024):
         """Every rank's `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""

@@ -4,11 +4,14 @@ This is the base of every tfdist strategy. It is a `tf.distribute.Strategy`
 (a `OneDeviceStrategy` whose replica count is the number of processes), so
 Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 
-* Keras scales the loss by 1 / num_replicas_in_sync and asks the strategy to
-  SUM the gradients; the sum goes through the pluggable `Aggregator`, so the
-  update equals single-process SGD on the global batch.
 * `experimental_distribute_dataset` gives each process its slice of every
-  global batch (`sharding.shard_global_batch`).
+  global batch (`sharding.shard_global_batch`), of any size.
+* Each step computes its losses as means over its slice and weights what it
+  contributes by its share of the global batch (`replica_step`); the
+  optimizer receives the share-weighted sum of every rank's gradients,
+  summed by the pluggable `Aggregator` (dense) or gathered (IndexedSlices),
+  *before* clipping, loss-scale checks or accumulation, so the update equals
+  single-process training on the global batch for any split.
 * Variables created under `scope()` start from rank 0's value (broadcast).
 * Metric state and layer statistics are made global after every step
   (`local_state.LocalStateSync`), so logs are global and identical on all ranks.
@@ -27,8 +30,9 @@ from tfdist import runtime
 from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_hooks
+from tfdist.strategies import replica_step
 from tfdist.strategies.local_state import LocalStateSync
-from tfdist.strategies.sharding import shard_global_batch
+from tfdist.strategies.sharding import batch_rows, shard_global_batch
 
 
 def _local_device(cluster):
@@ -57,7 +61,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         needs_aggregator = world > 1 or bool(self._cluster.server_addresses)
         self._aggregator = make_aggregator(self._communicator) if needs_aggregator else None
         self._local_state = (
-            LocalStateSync(self, self._all_reduce_sum, world) if world > 1 else None
+            LocalStateSync(self, self._all_reduce_sum) if world > 1 else None
         )
 
     @property
@@ -142,10 +146,53 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return self._all_reduce(reduce_op, [value], NoCompression())[0]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-        # Keras' optimizers all-reduce their gradients here: the compressed path.
+        # Gradients reduced outside a tfdist step (a user's own loop) arrive here.
         del options
         values = [v for v, _ in value_destination_pairs]
+        step = replica_step.current()
+        if step is not None and step.gradients_aggregated:
+            return values  # already summed by aggregate_gradients
         return self._all_reduce(reduce_op, values, self._compression)
+
+    def aggregate_gradients(self, gradients):
+        """The global batch's gradients from this rank's, inside a step.
+
+        Each rank's gradient (of a loss that is a mean over its slice) is
+        weighted by its share of the global batch and summed over ranks:
+        dense tensors through the aggregator (compressed on the wire if
+        configured), `IndexedSlices` by gathering every rank's (index, value)
+        pairs in rank order - the pairs one process would produce for the
+        whole batch, so Keras' sparse optimizer updates match one process.
+        None stays None. Outside a step (or on one process) the gradients are
+        returned unchanged.
+        """
+        step = replica_step.current()
+        if step is None or self._aggregator is None:
+            return list(gradients)
+        result = list(gradients)
+        dense_positions, dense = [], []
+        for position, gradient in enumerate(gradients):
+            if gradient is None:
+                continue
+            if isinstance(gradient, tf.IndexedSlices):
+                result[position] = self._gather_slices(gradient, step)
+            else:
+                dense_positions.append(position)
+                dense.append(tf.math.multiply_no_nan(gradient, step.weight(gradient.dtype)))
+        for position, summed in zip(dense_positions,
+                                    self._all_reduce(_tf.ReduceOp.SUM, dense, self._compression)):
+            result[position] = summed
+        return result
+
+    def _gather_slices(self, slices, step):
+        """Every rank's share-weighted (index, value) pairs, in rank order."""
+        rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
+        values = tf.math.multiply_no_nan(slices.values, step.weight(slices.values.dtype))
+        return tf.IndexedSlices(
+            self._communicator.all_gather(values[:rows]),
+            self._communicator.all_gather(slices.indices[:rows]),
+            slices.dense_shape,
+        )
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -192,6 +239,13 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "on every rank; tfdist gives each rank its slice of every global batch."
             )
 
+    def any_rank(self, flag):
+        """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce)."""
+        if self._communicator is None:
+            return bool(flag)
+        total = self._communicator.all_reduce(tf.constant([1.0 if flag else 0.0]))
+        return bool(total.numpy()[0] > 0)
+
     def _distribute_datasets_from_function(self, dataset_fn, options):
         cluster = self._cluster
         context = tf.distribute.InputContext(cluster.world_size, cluster.rank, cluster.world_size)
@@ -201,25 +255,40 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _call_for_each_replica(self, fn, args, kwargs):
         if self._communicator is None:
             return super()._call_for_each_replica(fn, args, kwargs)
-        self._local_state.begin_step()
-        try:
-            outputs = super()._call_for_each_replica(fn, args, kwargs)
-        finally:
-            updates = self._local_state.end_step()
-        with tf.control_dependencies(updates):
-            return self._globalize_outputs(fn, outputs)
+        step = self._begin_replica_step(args)
+        with replica_step.active(step):
+            args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
+            self._local_state.begin_step()
+            try:
+                outputs = super()._call_for_each_replica(fn, args, kwargs)
+            finally:
+                updates = self._local_state.end_step(step)
+            with tf.control_dependencies(updates):
+                return self._globalize_outputs(fn, outputs, step)
 
-    def _globalize_outputs(self, fn, outputs):
+    def _begin_replica_step(self, args):
+        """This step's `ReplicaStep`: its rows and the global batch's (one scalar all-reduce)."""
+        local_rows = batch_rows(args)
+        global_rows = self._communicator.all_reduce(
+            tf.cast(tf.reshape(local_rows, [1]), tf.float32))[0]
+        return replica_step.ReplicaStep(local_rows, global_rows)
+
+    def _globalize_outputs(self, fn, outputs, step):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
-        model = keras_hooks.model_of_step(fn)
-        logs = keras_hooks.metric_logs_like(model, outputs) if model is not None else None
-        if logs is not None:
-            return logs
         if keras_hooks.is_predict_step(fn):
-            return tf.nest.map_structure(self._communicator.all_gather, outputs)
+            return tf.nest.map_structure(
+                lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
+        model = keras_hooks.model_of_step(fn)
+        if model is not None and isinstance(outputs, dict):
+            return keras_hooks.global_step_logs(model, outputs, self._share_weighted_sum, step)
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
+
+    def _share_weighted_sum(self, values, step):
+        """sum over ranks of share * value, for per-slice float values (one all-reduce)."""
+        weighted = [tf.math.multiply_no_nan(v, step.weight(v.dtype)) for v in values]
+        return self._all_reduce_sum(weighted)
 
 
 def _shard_files(dataset, context):

@@ -25,12 +25,21 @@ import inspect
 import weakref
 
 import keras
+import tensorflow as tf
 from absl import logging
-# Keras has no public hook where every rank builds its epoch iterator.
+# Keras has no public hook where every rank builds its epoch iterator, where
+# losses are scaled for tf.distribute, where optimizers all-reduce, or where
+# a Mean metric is updated: these private modules are where tfdist meets them.
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
+from keras.src.losses import loss as keras_loss_module
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from keras.src.trainers import trainer as keras_trainer_module
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 from tfdist import _tf
+from tfdist.strategies import replica_step
 
 _installed = False
 _latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
@@ -132,16 +141,34 @@ def model_of_step(fn):
     return None
 
 
-def metric_logs_like(model, outputs):
-    """The model's metric results, if the step returned logs with the same keys.
+def global_step_logs(model, outputs, share_weighted_sum, step):
+    """A train/test step's returned logs, made global and equal on every rank.
 
-    Read after tfdist made the metric state global, they are the global logs;
-    a custom step returning other keys gets None (its logs are kept as is).
+    Read after tfdist made the metric state global: a key naming one of the
+    model's metrics (or one of their results, as `get_metrics_result()`
+    flattens them) is replaced by that metric's result, so a custom
+    `train_step` returning `{m.name: m.result() for m in self.metrics}` logs
+    global values. Any other float scalar (a raw loss the step computed over
+    its slice) becomes the share-weighted sum over ranks, i.e. its value over
+    the global batch when it is a mean over the slice. Other values are kept.
     """
-    if not isinstance(outputs, dict):
-        return None
-    logs = model.get_metrics_result()
-    return logs if set(logs) == set(outputs) else None
+    results = {}
+    for metric in model.metrics:
+        result = metric.result()
+        results[metric.name] = result
+        if isinstance(result, dict):
+            results.update(result)
+    logs = dict(outputs)
+    raw = [key for key, value in logs.items() if key not in results
+           and isinstance(value, tf.Tensor) and value.dtype.is_floating
+           and value.shape.rank == 0]
+    for key in logs:
+        if key in results:
+            logs[key] = results[key]
+    if raw:
+        for key, value in zip(raw, share_weighted_sum([logs[k] for k in raw], step)):
+            logs[key] = value
+    return logs
 
 
 def is_predict_step(fn):
@@ -184,12 +211,148 @@ def latest_data_batch_size():
     return int(size) if size is not None and size > 0 else None
 
 
+def _in_multi_process_strategy():
+    strategy = tf.distribute.get_strategy()
+    return getattr(strategy, "world_size", 1) > 1 and hasattr(strategy, "is_chief")
+
+
+def _install_loss_scaling():
+    """Losses stay means over the rank's slice (see `replica_step`), as on one process.
+
+    Keras divides mean losses by num_replicas_in_sync so that a plain sum of
+    gradients is the mean - right only when every replica holds the same
+    number of rows. tfdist weights each rank's gradients and batch-level
+    metrics by its share of the global batch instead.
+    """
+    scale = keras_loss_module.scale_loss_for_distribution
+    unscale = keras_loss_module.unscale_loss_for_distribution
+
+    def scale_loss_for_distribution(value):
+        return value if _in_multi_process_strategy() else scale(value)
+
+    def unscale_loss_for_distribution(value):
+        return value if _in_multi_process_strategy() else unscale(value)
+
+    keras_loss_module.scale_loss_for_distribution = scale_loss_for_distribution
+    keras_loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
+
+
+def _install_gradient_aggregation():
+    """Optimizers see the global gradient before anything else touches it.
+
+    Keras' TF optimizer all-reduces inside `apply`, after clipping
+    (`clipnorm`, `clipvalue`, `global_clipnorm`), gradient accumulation and
+    LossScaleOptimizer's finite check - all of which must see the whole
+    batch's gradient to match one process. tfdist aggregates at the entry of
+    the outermost `apply` and marks the step so the inner all-reduce is skipped.
+    """
+
+    def aggregating(original):
+        def apply(self, grads, trainable_variables=None):
+            step = replica_step.current()
+            if step is None or step.gradients_aggregated:
+                return original(self, grads, trainable_variables)
+            strategy = tf.distribute.get_strategy()
+            grads = strategy.extended.aggregate_gradients(list(grads))
+            with step.aggregated_gradients():
+                return original(self, grads, trainable_variables)
+
+        return apply
+
+    for optimizer_class in (BaseOptimizer, LossScaleOptimizer):
+        optimizer_class.apply = aggregating(optimizer_class.apply)
+
+    all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        step = replica_step.current()
+        if step is not None and step.gradients_aggregated:
+            return list(grads_and_vars)
+        return all_reduce_sum_gradients(self, grads_and_vars)
+
+    TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients  # pylint: disable=protected-access
+
+
+def _install_batch_level_metric_updates():
+    """Mark `Mean` updates with one unweighted scalar as batch-level (see `replica_step`)."""
+    update_state = keras.metrics.Mean.update_state
+
+    def mean_update_state(self, values, sample_weight=None):
+        step = replica_step.current()
+        if step is not None and sample_weight is None and len(getattr(values, "shape", ())) == 0:
+            step.note_batch_level_update(
+                getattr(v, "_value", v) for v in self.variables)  # Keras -> tf.Variable
+        return update_state(self, values, sample_weight=sample_weight)
+
+    keras.metrics.Mean.update_state = mean_update_state
+
+
+def _install_collective_stop_flags():
+    """`stop_training` (and evaluate's/predict's flags) are decided by all ranks together.
+
+    A callback may stop training on one rank only (its own clock, a local
+    file); the others would then wait for it in the next step. When read
+    during a multi-process run, each flag is true if it is true on any rank,
+    so all ranks stop after the same step.
+    """
+    for name in ("stop_training", "stop_evaluating", "stop_predicting"):
+        attribute = f"_tfdist_{name}"
+
+        def get(self, _attribute=attribute):
+            local = bool(self.__dict__.get(_attribute, False))
+            strategy = tfdist_strategy(self)
+            if strategy is None or strategy.world_size == 1:
+                return local
+            return strategy.extended.any_rank(local)
+
+        def set_(self, value, _attribute=attribute):
+            self.__dict__[_attribute] = value
+
+        setattr(keras_trainer_module.Trainer, name, property(get, set_))
+
+
+def _rank_slice(value, rank, world_size):
+    """This rank's rows of an array-like batch (unchanged if it has no rows)."""
+    shape = getattr(value, "shape", None)
+    if shape is None or len(shape) == 0:
+        return value
+    rows = int(shape[0])
+    return value[(rank * rows) // world_size:((rank + 1) * rows) // world_size]
+
+
+def _install_on_batch_sharding():
+    """`train_on_batch`/`test_on_batch`/`predict_on_batch` take a global batch.
+
+    As in `fit`, each rank works on its slice of the batch, so the update,
+    the logs and the predictions (all rows, gathered) match one process.
+    """
+    for method_name in ("train_on_batch", "test_on_batch", "predict_on_batch"):
+        original = getattr(keras.Model, method_name)
+
+        def on_batch(self, *args, _original=original, **kwargs):
+            strategy = tfdist_strategy(self)
+            if strategy is not None and strategy.world_size > 1:
+                slicer = lambda v: _rank_slice(v, strategy.rank, strategy.world_size)
+                args = keras.tree.map_structure(slicer, args)
+                kwargs = {key: (value if key in ("class_weight", "return_dict")
+                                else keras.tree.map_structure(slicer, value))
+                          for key, value in kwargs.items()}
+            return _original(self, *args, **kwargs)
+
+        setattr(keras.Model, method_name, on_batch)
+
+
 def install():
-    """Patch Keras' CallbackList, TFEpochIterator and Model.save/save_weights (once per process)."""
+    """Patch Keras where multi-process training differs from one process (once per process)."""
     global _installed
     if _installed:
         return
     _installed = True
+    _install_loss_scaling()
+    _install_gradient_aggregation()
+    _install_batch_level_metric_updates()
+    _install_collective_stop_flags()
+    _install_on_batch_sharding()
     callback_list_init = keras.callbacks.CallbackList.__init__
 
     def init(self, callbacks=None, add_history=False, add_progbar=False, model=None, **params):

@@ -8,10 +8,17 @@ assigned and, when the step's replica function returns, makes them global in
 one fused all-reduce:
 
 * SUM-aggregated on-read variables (metrics): value = value before the step
-  + sum over ranks of this step's change. Metric state is then exactly the
+  + sum over ranks of this step's change. Per-example state (counts,
+  weighted sums) adds up as it is; state updated once per batch (a scalar
+  given to a `Mean` without weights, see `replica_step`) is weighted by
+  each rank's share of the global batch. Metric state is then exactly the
   state a single process would hold after the whole global batch, so the
   logged loss and metrics equal a single-process run.
-* other float variables (moving statistics): value = mean over ranks.
+* other float variables (moving statistics): value = share-weighted mean
+  over ranks (for BatchNormalization's moving mean this is exactly the
+  single-process update; the moving variance averages per-slice variances).
+
+A rank whose slice is empty (it ran on a stand-in row) contributes nothing.
 
 Integer variables that are not sums (random-seed states) stay local, so
 dropout masks still differ between ranks.
@@ -79,13 +86,11 @@ class LocalStateSync:
         extended: the strategy's extended object (assignments count only in
             its replica context).
         all_reduce: callable summing a list of tensors across ranks.
-        world_size: number of training processes.
     """
 
-    def __init__(self, extended, all_reduce, world_size):
+    def __init__(self, extended, all_reduce):
         self._extended = extended
         self._all_reduce = all_reduce
-        self._world_size = world_size
         self._local = threading.local()
 
     def track(self, variable):
@@ -108,8 +113,12 @@ class LocalStateSync:
     def begin_step(self):
         self._local.step = {}
 
-    def end_step(self):
-        """All-reduce what the step assigned; return the assign ops (may be empty)."""
+    def end_step(self, replica_step):
+        """All-reduce what the step assigned; return the assign ops (may be empty).
+
+        `replica_step` (a `replica_step.ReplicaStep`) gives this rank's share
+        of the global batch and which metric variables were updated per batch.
+        """
         step, self._local.step = self._local.step, None
         if not step:
             return []
@@ -117,9 +126,15 @@ class LocalStateSync:
         for variable, before in step.values():
             current = variable.read_value()
             if sync_kind(variable) == SUM:
-                contributions.append(current - before)
+                change = current - before
+                if replica_step.is_batch_level(variable):
+                    weight = replica_step.weight(change.dtype)
+                else:
+                    weight = tf.cast(replica_step.has_rows, change.dtype)
+                contributions.append(tf.math.multiply_no_nan(change, weight))
             else:
-                contributions.append(current / tf.cast(self._world_size, current.dtype))
+                contributions.append(
+                    tf.math.multiply_no_nan(current, replica_step.weight(current.dtype)))
             variables.append((variable, before))
         reduced = self._all_reduce(contributions)
         updates = []

@@ -14,7 +14,8 @@ def _rows(tensor, start, end):
     return tensor[start:end]
 
 
-def _batch_rows(batch):
+def batch_rows(batch):
+    """Rows (int32 scalar) of a batch: the leading dimension of its first tensor."""
     for tensor in tf.nest.flatten(batch):
         if isinstance(tensor, tf.experimental.Optional):
             continue
@@ -31,11 +32,11 @@ def shard_global_batch(dataset, rank, world_size):
 
     Each element of `dataset` is one global batch of n rows; rank r receives
     rows [r n // P, (r + 1) n // P). Concatenating the slices in rank order
-    gives the global batch back, so a final partial batch is split as evenly
-    as possible (slices differ by at most one row) and predictions gathered in
-    rank order keep the input order. The first batch (the configured global
-    batch size) must be divisible by P; otherwise iterating raises
-    `InvalidArgumentError` saying so.
+    gives the global batch back, so any batch is split as evenly as possible
+    (slices differ by at most one row; a rank's slice is empty when n < P) and
+    predictions gathered in rank order keep the input order. Any global batch
+    size works: each rank's step weights its slice by its share of the global
+    batch (`replica_step`), which makes uneven splits exact.
 
     Cost: a slice per tensor per batch; every rank still reads (and
     preprocesses) the whole global batch, which is what makes shuffling and
@@ -44,22 +45,12 @@ def shard_global_batch(dataset, rank, world_size):
     if world_size == 1:
         return dataset
 
-    def take_slice(index, batch):
-        rows = _batch_rows(batch)
-        check = tf.debugging.Assert(
-            tf.logical_or(index > 0, tf.equal(rows % world_size, 0)),
-            [
-                f"tfdist: the global batch size must be divisible by the number of processes "
-                f"({world_size}); got a first batch of",
-                rows,
-                "rows. Choose batch_size as a multiple of the process count.",
-            ],
-        )
-        with tf.control_dependencies([check]):
-            start = (rank * rows) // world_size
-            end = ((rank + 1) * rows) // world_size
+    def take_slice(*components):  # tf.data unpacks a tuple element into arguments
+        batch = components if len(components) > 1 else components[0]
+        rows = batch_rows(batch)
+        start = (rank * rows) // world_size
+        end = ((rank + 1) * rows) // world_size
         return tf.nest.map_structure(lambda t: _rows(t, start, end), batch)
 
-    sharded = dataset.enumerate().map(take_slice, num_parallel_calls=tf.data.AUTOTUNE,
-                                      deterministic=True)
+    sharded = dataset.map(take_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return sharded.prefetch(tf.data.AUTOTUNE)
