@@ -98,10 +98,17 @@ def test_warmup_ramps_batch_by_batch_over_fractional_epochs():
     assert rates[0] == np.float32(0.02) and rates[15] == np.float32(0.2)
 
 
-def test_warmup_starts_from_target_over_world_size_by_default():
-    # One process: target / 1 is the target, so the default ramp is flat.
+def test_warmup_starts_from_a_third_of_the_target_by_default():
     rates, _ = fit_rates([LearningRateWarmup(warmup_epochs=1, target_lr=0.3)])
-    np.testing.assert_array_equal(rates, np.float32(0.3))
+    np.testing.assert_allclose(rates, expected(30, base=0.3, warmup=(1, 0.1, None)), rtol=1e-6)
+
+
+def test_warmup_starts_from_the_base_rate_under_scaling_by_default():
+    # Goyal et al.: from the base batch's rate to the scaled rate.
+    rates, _ = fit_rates([LearningRateScaling(0.05, 10), LearningRateWarmup(warmup_epochs=1)])
+    scaled = rates[-1]
+    np.testing.assert_allclose(rates, expected(30, base=scaled, warmup=(1, 0.05, None)), rtol=1e-6)
+    assert scaled > 0.05
 
 
 def test_schedules_multiply_in_their_windows():
@@ -253,7 +260,8 @@ def test_trajectory_and_resume_in_real_training(tmp_path, world):
     results = [json.load(open(f"{out}.rank{r}.json")) for r in range(world)]
     schedules = [(lambda e: 1.0 - 0.1 * e, 1, None, False), (0.5, 3, None, True)]
     base = 0.05 * 64 / 32  # the global batch, not the per-process one
-    want = [reference_rate(t, 5, base, (1.4, base / world, None), schedules) for t in range(20)]
+    # Warmup starts from LearningRateScaling's base_lr, whatever the number of processes.
+    want = [reference_rate(t, 5, base, (1.4, 0.05, None), schedules) for t in range(20)]
     for result in results:
         assert result["world_size"] == world
         np.testing.assert_allclose(result["rates"], want, rtol=1e-6)

@@ -46,10 +46,12 @@ def test_dict_inputs_are_sharded_too():
     assert first["b"].shape == (4, 2)
 
 
-def test_indivisible_first_batch_is_an_error():
-    data = tf.data.Dataset.from_tensor_slices(np.arange(20)).batch(10)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="divisible by the number of processes"):
-        list(shard_global_batch(data, 0, 3))
+def test_any_global_batch_splits_into_contiguous_slices_even_empty_ones():
+    data = tf.data.Dataset.from_tensor_slices(np.arange(12)).batch(10)  # batches of 10 and 2
+    slices = [[b.numpy().tolist() for b in shard_global_batch(data, r, 3)] for r in range(3)]
+    assert slices[0] == [[0, 1, 2], []]
+    assert slices[1] == [[3, 4, 5], [10]]
+    assert slices[2] == [[6, 7, 8, 9], [11]]
 
 
 def test_fp16_compression_halves_floats_and_restores_their_dtype():

@@ -2,7 +2,6 @@
 
   train            train normally (used with a missing peer or a busy port)
   crash RANK       rank RANK dies (os._exit(3)) in the middle of epoch 2
-  indivisible      global batch 50 (not divisible by 3 or 4 processes)
   mismatch         rank 1 builds a wider layer than rank 0
   uneven           rank 1 passes less data than rank 0
   stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
@@ -80,8 +79,7 @@ def main():
         callbacks = [CrashAt(1, strategy, stall=True)]
     elif mode == "slow":
         callbacks = [Slowly()]
-    batch = 50 if mode == "indivisible" else 24
-    model.fit(x, y, batch_size=batch, epochs=3, verbose=0, callbacks=callbacks)
+    model.fit(x, y, batch_size=24, epochs=3, verbose=0, callbacks=callbacks)
     print("finished", flush=True)
     if mode == "late_exit" and strategy.rank == 1:
         atexit.register(time.sleep, 8)  # runs before tfdist's own exit handlers

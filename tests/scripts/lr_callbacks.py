@@ -3,7 +3,7 @@
 Usage: python lr_callbacks.py OUT
 Trains SGD with momentum for 4 epochs of 5 global batches under
 LearningRateScaling (global batch inferred), LearningRateWarmup (default
-initial rate: target / world size; momentum correction) and two
+initial rate: the scaling's base_lr; momentum correction) and two
 LearningRateSchedules, listed out of order. Then trains the same model
 again, interrupted at the start of epoch 2 and resumed by a fresh model
 through keras.callbacks.BackupAndRestore. Every rank writes OUT.rank<R>.json

@@ -38,6 +38,9 @@ from tfdist.strategies import keras_hooks
 # Records the data `fit` receives (for the global batch size), also without a tfdist strategy.
 keras_hooks.install()
 
+# Without LearningRateScaling, warmup starts from target x 1/3 (PyTorch's LinearLR default).
+DEFAULT_WARMUP_START_FACTOR = 1.0 / 3.0
+
 _controllers = weakref.WeakKeyDictionary()  # model -> LearningRateController
 _first_seen_rates = weakref.WeakKeyDictionary()  # optimizer -> _FirstSeenRate
 
@@ -147,8 +150,9 @@ class RatePlan:
         if self.warmup:
             self.target_rate = (self.base_rate if self.warmup.target_lr is None
                                 else self.warmup.target_lr)
-            self.initial_rate = (self.target_rate / world_size if self.warmup.initial_lr is None
-                                 else self.warmup.initial_lr)
+            self.initial_rate = (self.warmup.initial_lr if self.warmup.initial_lr is not None
+                                 else self.scaling.base_lr if self.scaling
+                                 else self.target_rate * DEFAULT_WARMUP_START_FACTOR)
             self.warmup_steps = self.warmup.warmup_epochs * self.steps_per_epoch
         self.momentum_correction = bool(self.warmup and self.warmup.momentum_correction)
         if self.momentum_correction:

@@ -17,14 +17,18 @@ class LearningRateWarmup(LearningRateTerm):
         rate(t) = target_lr                                       after.
 
     The target defaults to the rate at train begin after
-    `LearningRateScaling`; the initial rate defaults to target / world size
-    (the single-process rate under the linear rule, when the batch grows
-    with the processes). `LearningRateSchedule` multipliers apply on top;
-    see `tfdist.callbacks.learning_rate_control` for the composition.
+    `LearningRateScaling`. The initial rate defaults to `LearningRateScaling`'s
+    `base_lr` when that callback is present (Goyal et al.: from the rate of
+    the base batch to the scaled rate), else to target / 3 (PyTorch's
+    `LinearLR` default). It never depends on the number of processes: the
+    same global batch follows the same rates on 1 or N processes.
+    `LearningRateSchedule` multipliers apply on top; see
+    `tfdist.callbacks.learning_rate_control` for the composition.
 
     Args:
         warmup_epochs: length of the ramp in epochs (fractions allowed).
-        initial_lr: rate of the first step; default target_lr / world size.
+        initial_lr: rate of the first step; default `LearningRateScaling`'s
+            `base_lr` if present, else target_lr / 3.
         target_lr: rate at the end of the ramp; default the rate at train
             begin, after scaling.
         momentum_correction: when the tfdist callbacks change the rate from

@@ -20,8 +20,6 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 Subclasses only choose the aggregator (`_make_aggregator`).
 """
 
-import random
-
 import tensorflow as tf
 from absl import logging
 
@@ -32,6 +30,7 @@ from tfdist.errors import ClusterError
 from tfdist.strategies import keras_hooks
 from tfdist.strategies import replica_step
 from tfdist.strategies.local_state import LocalStateSync
+from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, shard_global_batch
 
 
@@ -154,7 +153,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return values  # already summed by aggregate_gradients
         return self._all_reduce(reduce_op, values, self._compression)
 
-    def aggregate_gradients(self, gradients):
+    def aggregate_gradients(self, gradients, weighted_in_loss=False):
         """The global batch's gradients from this rank's, inside a step.
 
         Each rank's gradient (of a loss that is a mean over its slice) is
@@ -163,31 +162,35 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         configured), `IndexedSlices` by gathering every rank's (index, value)
         pairs in rank order - the pairs one process would produce for the
         whole batch, so Keras' sparse optimizer updates match one process.
-        None stays None. Outside a step (or on one process) the gradients are
-        returned unchanged.
+        None stays None. `weighted_in_loss`: the loss was already weighted by
+        the share (`ReplicaStep.weight_loss`); only an empty slice's
+        gradients are then zeroed. Outside a step (or on one process) the
+        gradients are returned unchanged.
         """
         step = replica_step.current()
         if step is None or self._aggregator is None:
             return list(gradients)
+        weight = ((lambda dtype: tf.cast(step.has_rows, dtype)) if weighted_in_loss
+                  else step.weight)
         result = list(gradients)
         dense_positions, dense = [], []
         for position, gradient in enumerate(gradients):
             if gradient is None:
                 continue
             if isinstance(gradient, tf.IndexedSlices):
-                result[position] = self._gather_slices(gradient, step)
+                result[position] = self._gather_slices(gradient, step, weight)
             else:
                 dense_positions.append(position)
-                dense.append(tf.math.multiply_no_nan(gradient, step.weight(gradient.dtype)))
+                dense.append(tf.math.multiply_no_nan(gradient, weight(gradient.dtype)))
         for position, summed in zip(dense_positions,
                                     self._all_reduce(_tf.ReduceOp.SUM, dense, self._compression)):
             result[position] = summed
         return result
 
-    def _gather_slices(self, slices, step):
-        """Every rank's share-weighted (index, value) pairs, in rank order."""
+    def _gather_slices(self, slices, step, weight):
+        """Every rank's weighted (index, value) pairs, in rank order."""
         rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
-        values = tf.math.multiply_no_nan(slices.values, step.weight(slices.values.dtype))
+        values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))
         return tf.IndexedSlices(
             self._communicator.all_gather(values[:rows]),
             self._communicator.all_gather(slices.indices[:rows]),
@@ -253,7 +256,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     # ---------------------------------------------------------------- steps
     def _call_for_each_replica(self, fn, args, kwargs):
-        if self._communicator is None:
+        if self._communicator is None or replica_step.current() is not None:
+            # One process, or a merge_call inside a step (LossScaleOptimizer's
+            # apply) returning to the replica: part of the step being traced.
             return super()._call_for_each_replica(fn, args, kwargs)
         step = self._begin_replica_step(args)
         with replica_step.active(step):
@@ -333,7 +338,10 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
                                         compression)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
-        self._agree_on_random_seed()
+        if extended.communicator is not None:
+            keras_hooks.note_multi_process_strategy()
+            # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
+            align_random_state(extended.communicator)
         if extended._cluster.is_chief:  # pylint: disable=protected-access
             logging.info(
                 "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
@@ -342,21 +350,6 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
                 engine, extended._compression.name,  # pylint: disable=protected-access
                 extended._cluster.launcher,  # pylint: disable=protected-access
             )
-
-    def _agree_on_random_seed(self):
-        """Give every rank rank 0's TensorFlow global seed unless the user set one.
-
-        Shuffling (Keras' `shuffle=True`, `Dataset.shuffle`) must produce the
-        same order on every rank, or the ranks' slices of a global batch would
-        overlap and miss examples.
-        """
-        communicator = self.extended._communicator  # pylint: disable=protected-access
-        if communicator is None:
-            return
-        proposal = tf.constant(random.SystemRandom().randrange(2**31), tf.int64)
-        seed = int(communicator.broadcast(proposal).numpy())
-        if not _tf.global_seed_is_set():
-            tf.random.set_seed(seed)
 
     @property
     def rank(self):

@@ -22,6 +22,7 @@ rank; everything else is untouched. `install()` is idempotent.
 """
 
 import inspect
+import sys
 import weakref
 
 import keras
@@ -31,11 +32,13 @@ from absl import logging
 # losses are scaled for tf.distribute, where optimizers all-reduce, or where
 # a Mean metric is updated: these private modules are where tfdist meets them.
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.losses import loss as keras_loss_module
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.trainers import trainer as keras_trainer_module
+from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 from tfdist import _tf
@@ -253,14 +256,24 @@ def _install_gradient_aggregation():
             if step is None or step.gradients_aggregated:
                 return original(self, grads, trainable_variables)
             strategy = tf.distribute.get_strategy()
-            grads = strategy.extended.aggregate_gradients(list(grads))
+            grads = strategy.extended.aggregate_gradients(
+                list(grads), weighted_in_loss=step.loss_was_weighted_for(self))
             with step.aggregated_gradients():
                 return original(self, grads, trainable_variables)
 
         return apply
 
+    def share_weighted(original):
+        def scale_loss(self, loss):
+            step = replica_step.current()
+            loss = original(self, loss)
+            return loss if step is None else step.weight_loss(self, loss)
+
+        return scale_loss
+
     for optimizer_class in (BaseOptimizer, LossScaleOptimizer):
         optimizer_class.apply = aggregating(optimizer_class.apply)
+        optimizer_class.scale_loss = share_weighted(optimizer_class.scale_loss)
 
     all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
 
@@ -291,17 +304,28 @@ def _install_collective_stop_flags():
     """`stop_training` (and evaluate's/predict's flags) are decided by all ranks together.
 
     A callback may stop training on one rank only (its own clock, a local
-    file); the others would then wait for it in the next step. When read
-    during a multi-process run, each flag is true if it is true on any rank,
-    so all ranks stop after the same step.
+    file); the others would then wait for it in the next step. When Keras'
+    own fit/evaluate/predict loop reads a flag in a multi-process run (after
+    every batch and epoch, on every rank alike), it is true if it is true on
+    any rank, so all ranks stop after the same step. Any other read (a
+    callback, TensorFlow's attribute tracking) sees this rank's own value.
     """
+    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    loops = {inspect.unwrap(loop).__code__ for loop in (trainer.fit, trainer.evaluate,
+                                                         trainer.predict)}
+    loops = {code.co_filename for code in loops}, {code.co_name for code in loops}
+
+    def read_by_keras_loop(frame):
+        return frame.f_code.co_filename in loops[0] and frame.f_code.co_name in loops[1]
+
     for name in ("stop_training", "stop_evaluating", "stop_predicting"):
         attribute = f"_tfdist_{name}"
 
         def get(self, _attribute=attribute):
             local = bool(self.__dict__.get(_attribute, False))
             strategy = tfdist_strategy(self)
-            if strategy is None or strategy.world_size == 1:
+            if strategy is None or strategy.world_size == 1 \
+                    or not read_by_keras_loop(sys._getframe(1)):  # pylint: disable=protected-access
                 return local
             return strategy.extended.any_rank(local)
 
@@ -342,6 +366,37 @@ def _install_on_batch_sharding():
         setattr(keras.Model, method_name, on_batch)
 
 
+def _install_generator_without_prefetch():
+    """A Python generator's batches reach every rank in the same order.
+
+    Keras' generator adapter builds a `tf.data` pipeline over ONE shared
+    Python generator and prefetches it; Keras opens an extra iterator to
+    peek at the first batch when it builds the model, and that iterator's
+    prefetch thread pulls batches from the shared generator for as long as
+    it lives - how many depends on timing, so ranks would train on slices of
+    different batches. Under a multi-process strategy the pipeline is used
+    without that prefetch (each iterator then takes exactly what it is asked
+    for; the peeked batches are replayed, as Keras intends).
+    """
+    get_tf_dataset = GeneratorDataAdapter.get_tf_dataset
+
+    def without_prefetch(self):
+        dataset = get_tf_dataset(self)
+        if _multi_process[0] and hasattr(dataset, "_input_dataset"):
+            return dataset._input_dataset  # pylint: disable=protected-access
+        return dataset
+
+    GeneratorDataAdapter.get_tf_dataset = without_prefetch
+
+
+_multi_process = [False]
+
+
+def note_multi_process_strategy():
+    """Called when this process creates a strategy with more than one worker."""
+    _multi_process[0] = True
+
+
 def install():
     """Patch Keras where multi-process training differs from one process (once per process)."""
     global _installed
@@ -353,6 +408,7 @@ def install():
     _install_batch_level_metric_updates()
     _install_collective_stop_flags()
     _install_on_batch_sharding()
+    _install_generator_without_prefetch()
     callback_list_init = keras.callbacks.CallbackList.__init__
 
     def init(self, callbacks=None, add_history=False, add_progbar=False, model=None, **params):

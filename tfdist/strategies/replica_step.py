@@ -10,7 +10,10 @@ batch, n_r / n:
 * the step's losses are means over the slice, as on one process (Keras'
   own 1 / num_replicas scaling is switched off by `keras_hooks`), so the
   global gradient is sum_r (n_r / n) * grad_r - what one process computes
-  for a mean loss over the global batch, for any split;
+  for a mean loss over the global batch, for any split. When the step
+  calls `optimizer.scale_loss` (Keras' own train_step does), the share is
+  applied to the loss there instead, so every rank's backward pass carries
+  the magnitudes one process would (this matters to float16 loss scaling);
 * a batch-level metric update (a scalar passed to a `Mean` without
   weights, e.g. a per-output loss tracker or a custom train step's
   `loss_tracker.update_state(loss)`) counts once per global batch on one
@@ -53,6 +56,7 @@ class ReplicaStep:
         self.has_rows = local_rows > 0
         self.gradients_aggregated = False
         self._batch_level_variables = {}
+        self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
 
     def weight(self, dtype):
         """The share as `dtype` (to weight a per-slice value)."""
@@ -65,6 +69,20 @@ class ReplicaStep:
 
     def is_batch_level(self, variable):
         return id(variable) in self._batch_level_variables
+
+    def weight_loss(self, optimizer, loss):
+        """`optimizer.scale_loss` in this step: weight the loss by the share.
+
+        Gradients of a loss weighted this way are per-example gradients
+        divided by the *global* row count, as on one process, which keeps
+        mixed-precision loss scaling's overflow behaviour identical; the
+        optimizer's gradients then need no weighting at aggregation.
+        """
+        self._share_in_loss.add(id(optimizer))
+        return tf.math.multiply_no_nan(loss, self.weight(loss.dtype))
+
+    def loss_was_weighted_for(self, optimizer):
+        return id(optimizer) in self._share_in_loss
 
     @contextlib.contextmanager
     def aggregated_gradients(self):

@@ -40,7 +40,8 @@ def shard_global_batch(dataset, rank, world_size):
 
     Cost: a slice per tensor per batch; every rank still reads (and
     preprocesses) the whole global batch, which is what makes shuffling and
-    sharding exactly match a single process.
+    sharding exactly match a single process. The slice adds no prefetching:
+    a pipeline's own `prefetch` still applies.
     """
     if world_size == 1:
         return dataset
@@ -52,5 +53,6 @@ def shard_global_batch(dataset, rank, world_size):
         end = ((rank + 1) * rows) // world_size
         return tf.nest.map_structure(lambda t: _rows(t, start, end), batch)
 
-    sharded = dataset.map(take_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return sharded.prefetch(tf.data.AUTOTUNE)
+    # A plain map, no prefetch: an iterator Keras opens only to peek at the first
+    # batch must not pull more elements from a shared Python generator.
+    return dataset.map(take_slice)

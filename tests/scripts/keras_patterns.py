@@ -1,0 +1,439 @@
+"""Worker script: real-world Keras patterns, written the way keras.io examples are.
+
+Usage: python keras_patterns.py OUT [--cases a,b,...] [--strategy ring|tree|ps]
+                                     [--backend auto|collective|horovod]
+Every rank writes OUT.rank<R>.npz with, per case, the final weights, the
+logged history, evaluate results and predictions (keys "<case>/<name>"), so
+tests can compare N processes with one and the ranks with each other.
+
+The data sizes are chosen so that global batches do NOT split evenly over 2
+or 3 processes, and the last batch of several cases has fewer rows than
+processes (empty slices). Every case seeds Keras the way keras.io examples
+do (`keras.utils.set_random_seed`), except `pydataset_unseeded`.
+"""
+
+import argparse
+import os
+import random
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfdist  # noqa: E402
+
+VOCAB = 40
+
+
+def results(model, history, evaluation=None, predictions=None, **extra):
+    """The arrays a test compares: weights, history, evaluation, predictions."""
+    out = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    out.update({f"h_{k}": np.asarray(v) for k, v in history.history.items()})
+    if evaluation is not None:
+        out.update({f"e_{k}": np.asarray(v) for k, v in evaluation.items()})
+    if predictions is not None:
+        out["predictions"] = np.asarray(predictions)
+    out.update({k: np.asarray(v) for k, v in extra.items()})
+    return out
+
+
+def token_data(rows, length=12, seed=0):
+    """Token sequences whose label depends on which tokens occur (tokens repeat a lot)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(1, VOCAB, size=(rows, length)).astype("int32")
+    x[:, -3:] = 0  # padding, for mask_zero
+    y = ((x == 3).sum(axis=1) + (x == 7).sum(axis=1) > 1).astype("int32")
+    return x, y
+
+
+def dense_data(rows, features=6, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    y = (x @ rng.normal(size=(features, 1)) + 0.1 * rng.normal(size=(rows, 1))).astype("float32")
+    return x, y
+
+
+# ---------------------------------------------------------------- text + sparse
+def case_text_adam(strategy):
+    """Text classification with an Embedding and Adam: IndexedSlices gradients.
+
+    101 rows with Keras' default batch_size=32: the last batch (5 rows) splits
+    unevenly over 2 or 3 processes.
+    """
+    keras.utils.set_random_seed(1)
+    x, y = token_data(101)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((12,), dtype="int32"),
+            keras.layers.Embedding(VOCAB, 8),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ])
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy",
+                      metrics=["accuracy", keras.metrics.AUC(name="auc")])
+    history = model.fit(x, y, epochs=3, verbose=0, validation_split=0.2)
+    return results(model, history, model.evaluate(x, y, verbose=0, return_dict=True),
+                   model.predict(x, verbose=0))
+
+
+def case_text_rmsprop_masked(strategy):
+    """Embedding(mask_zero=True) with RMSprop on a tf.data pipeline, batch 20 of 77 rows."""
+    keras.utils.set_random_seed(2)
+    x, y = token_data(77, seed=1)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(77, seed=3).batch(20)
+    with strategy.scope():
+        inputs = keras.Input((12,), dtype="int32")
+        hidden = keras.layers.Embedding(VOCAB, 6, mask_zero=True)(inputs)
+        hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+        outputs = keras.layers.Dense(2)(hidden)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.RMSprop(0.02),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["sparse_categorical_accuracy"])
+    history = model.fit(data, epochs=3, verbose=0)
+    return results(model, history, model.evaluate(data, verbose=0, return_dict=True),
+                   model.predict(x, batch_size=20, verbose=0))
+
+
+# --------------------------------------------------- multi-input / multi-output
+def case_multi_io_weights(strategy):
+    """Two inputs, two outputs, loss_weights, sample weights per output.
+
+    65 rows in batches of 16: the last global batch has ONE row, so on 2 or
+    3 processes some ranks get empty slices (per-output loss trackers and
+    every metric must not count them).
+    """
+    keras.utils.set_random_seed(3)
+    rng = np.random.default_rng(4)
+    rows = 65
+    numbers = rng.normal(size=(rows, 5)).astype("float32")
+    tokens, labels = token_data(rows, seed=5)
+    target = (numbers.sum(axis=1, keepdims=True) * 0.5).astype("float32")
+    weights = {"score": rng.uniform(0.5, 2.0, size=rows).astype("float32"),
+               "label": rng.uniform(0.5, 2.0, size=rows).astype("float32")}
+    with strategy.scope():
+        number_input = keras.Input((5,), name="numbers")
+        token_input = keras.Input((12,), dtype="int32", name="tokens")
+        embedded = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCAB, 4)(token_input))
+        hidden = keras.layers.Dense(8, activation="relu")(
+            keras.layers.Concatenate()([number_input, embedded]))
+        score = keras.layers.Dense(1, name="score")(hidden)
+        label = keras.layers.Dense(1, activation="sigmoid", name="label")(hidden)
+        model = keras.Model([number_input, token_input], {"score": score, "label": label})
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss={"score": "mse", "label": "binary_crossentropy"},
+                      loss_weights={"score": 1.0, "label": 0.5},
+                      metrics={"score": ["mae"], "label": ["accuracy"]})
+    inputs = {"numbers": numbers, "tokens": tokens}
+    targets = {"score": target, "label": labels}
+    history = model.fit(inputs, targets, sample_weight=weights, batch_size=16, epochs=3,
+                        verbose=0, validation_data=(inputs, targets))
+    predictions = model.predict(inputs, batch_size=16, verbose=0)
+    return results(model, history, model.evaluate(inputs, targets, batch_size=16, verbose=0,
+                                                  return_dict=True),
+                    np.concatenate([predictions["score"], predictions["label"]], axis=1))
+
+
+def case_class_weight(strategy):
+    """Imbalanced classification with class_weight, batch 24 of 70 rows (last batch 22)."""
+    keras.utils.set_random_seed(6)
+    x, y = dense_data(70, seed=7)
+    labels = (y[:, 0] > 0.8).astype("int32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dense(2, activation="softmax")])
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                      loss="sparse_categorical_crossentropy",
+                      metrics=["sparse_categorical_accuracy",
+                               keras.metrics.SparseTopKCategoricalAccuracy(k=1, name="top1")])
+    history = model.fit(x, labels, batch_size=24, epochs=4, verbose=0,
+                        class_weight={0: 1.0, 1: 4.0})
+    return results(model, history, model.evaluate(x, labels, batch_size=24, verbose=0,
+                                                  return_dict=True))
+
+
+# -------------------------------------------- clipping, loss scaling, accumulation
+def case_clipping(strategy):
+    """clipnorm, clipvalue and global_clipnorm on a large rate, so clipping is active."""
+    out = {}
+    for kind in ("clipnorm", "clipvalue", "global_clipnorm"):
+        keras.utils.set_random_seed(7)
+        x, y = dense_data(83, seed=8)
+        y = y * 30.0  # large errors: gradients far above the clip thresholds
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.05, **{kind: 0.5}), loss="mse")
+        history = model.fit(x, y, batch_size=20, epochs=3, verbose=0)
+        out.update({f"{kind}/{k}": v for k, v in results(model, history).items()})
+    return out
+
+
+def case_mixed_precision(strategy):
+    """mixed_float16 with a LossScaleOptimizer: its finite check sees the global gradient.
+
+    The initial scale is one at which no float16 sum overflows, on one process
+    or on a slice (see the README on loss scaling).
+    """
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(9)
+        x, y = dense_data(58, seed=10)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(1, dtype="float32")])
+            optimizer = keras.optimizers.LossScaleOptimizer(
+                keras.optimizers.Adam(0.01), initial_scale=256.0, dynamic_growth_steps=4)
+            model.compile(optimizer=optimizer, loss="mse")
+        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+        scale = float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale))
+        return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                      return_dict=True), loss_scale=scale)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def case_gradient_accumulation(strategy):
+    """gradient_accumulation_steps=2 with Adam."""
+    keras.utils.set_random_seed(11)
+    x, y = dense_data(70, seed=12)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02, gradient_accumulation_steps=2),
+                      loss="mse")
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+    return results(model, history)
+
+
+# -------------------------------------------------------------- custom train_step
+class ComputeLossModel(keras.Model):
+    """keras.io "Customizing what happens in fit()": compute_loss + self.metrics."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class LowLevelModel(keras.Model):
+    """keras.io "Going lower-level": own loss function, loss tracker and metric."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+        self.loss_fn = keras.losses.MeanSquaredError()
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.loss_fn(y, y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        self.loss_tracker.update_state(loss)
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        loss = self.loss_fn(y, y_pred)
+        self.loss_tracker.update_state(loss)
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.mae_metric]
+
+
+class StopOnLastRank(keras.callbacks.Callback):
+    """Stops training at one batch, decided on the last rank only (a rank-local decision)."""
+
+    def __init__(self, world_size, rank, at_batch):
+        super().__init__()
+        self.decides = rank == world_size - 1
+        self.at_batch = at_batch
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.decides and self.batches == self.at_batch:
+            self.model.stop_training = True
+
+
+def custom_inputs():
+    inputs = keras.Input((6,))
+    return inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs))
+
+
+def case_custom_compute_loss(strategy):
+    """compute_loss + metrics; EarlyStopping on the logged loss."""
+    keras.utils.set_random_seed(13)
+    x, y = dense_data(75, seed=14)
+    with strategy.scope():
+        model = ComputeLossModel(*custom_inputs())
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=0.05)
+    history = model.fit(x, y, batch_size=32, epochs=8, verbose=0, callbacks=[stop])
+    return results(model, history, model.evaluate(x, y, batch_size=32, verbose=0,
+                                                  return_dict=True),
+                   model.predict(x, verbose=0), epochs_run=len(history.history["loss"]))
+
+
+def case_custom_low_level(strategy):
+    """Fully manual loss and metrics in train_step and test_step; a rank-local stop."""
+    keras.utils.set_random_seed(15)
+    x, y = dense_data(75, seed=16)
+    with strategy.scope():
+        model = LowLevelModel(*custom_inputs())
+        model.compile(optimizer=keras.optimizers.Adam(0.02))
+    stop = StopOnLastRank(strategy.world_size, strategy.rank, at_batch=7)
+    history = model.fit(x, y, batch_size=32, epochs=5, verbose=0, callbacks=[stop],
+                        validation_data=(x[:31], y[:31]))
+    return results(model, history, model.evaluate(x, y, batch_size=32, verbose=0,
+                                                  return_dict=True),
+                   epochs_run=len(history.history["loss"]))
+
+
+# ---------------------------------------------------- predict / *_on_batch sequences
+def case_predict_sequences(strategy):
+    """Any sequence of predict/evaluate calls with any batch sizes; *_on_batch."""
+    keras.utils.set_random_seed(17)
+    x, y = dense_data(101, seed=18)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    out = {"p12": model.predict(x, batch_size=12, verbose=0),
+           "p_default": model.predict(x, verbose=0),
+           "p7": model.predict(x, batch_size=7, verbose=0),
+           "p2": model.predict(x[:5], batch_size=2, verbose=0),
+           "e5": np.array(model.evaluate(x, y, batch_size=5, verbose=0)),
+           "p_on_batch": model.predict_on_batch(x[:5]),
+           "p_on_batch_1": model.predict_on_batch(x[:1])}
+    out["train_on_batch"] = np.array(model.train_on_batch(x[:10], y[:10]))
+    out["train_on_batch_2"] = np.array(model.train_on_batch(x[10:13], y[10:13]))
+    out["test_on_batch"] = np.array(model.test_on_batch(x[:9], y[:9]))
+    out.update({f"w{i}": w for i, w in enumerate(model.get_weights())})
+    return out
+
+
+# ------------------------------------------------------- Python-side data pipelines
+class ShuffledRows(keras.utils.PyDataset):
+    """A keras.utils.PyDataset of global batches; fit(shuffle=True) orders them with `random`."""
+
+    def __init__(self, x, y, batch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y, self.batch_size = x, y, batch_size
+
+    def __len__(self):
+        return -(-len(self.x) // self.batch_size)
+
+    def __getitem__(self, index):
+        rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        return self.x[rows], self.y[rows]
+
+
+def train_on_pydataset(strategy):
+    x, y = dense_data(90, seed=19)
+    data = ShuffledRows(x, y, batch_size=16)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse")
+    history = model.fit(data, epochs=3, verbose=0)  # shuffle=True by default
+    order = np.array([random.random(), np.random.rand()])  # the host generators' next draws
+    return results(model, history, next_draws=order)
+
+
+def case_pydataset(strategy):
+    """PyDataset + a Python-side shuffle, seeded like keras.io examples: matches one process."""
+    keras.utils.set_random_seed(20)
+    return train_on_pydataset(strategy)
+
+
+def case_pydataset_unseeded(strategy):
+    """No seed at all: every rank must still draw the same batch order."""
+    return train_on_pydataset(strategy)
+
+
+def case_generator(strategy):
+    """A Python generator of global batches with steps_per_epoch (no known length)."""
+    keras.utils.set_random_seed(21)
+    x, y = dense_data(64, seed=22)
+
+    def batches():
+        while True:
+            for start in range(0, 64, 24):  # 24, 24, 16
+                yield x[start:start + 24], y[start:start + 24]
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    history = model.fit(batches(), steps_per_epoch=3, epochs=3, verbose=0)
+    return results(model, history)
+
+
+def case_batchnorm_empty_slices(strategy):
+    """BatchNormalization with empty slices (33 rows, batch 16: last batch has 1 row).
+
+    Batch statistics are per rank by construction (see README), so this case
+    is compared across ranks, not with one process.
+    """
+    keras.utils.set_random_seed(23)
+    x, y = dense_data(33, seed=24)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                                  keras.layers.BatchNormalization(), keras.layers.Activation("relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x, y))
+    return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True))
+
+
+CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def make_strategy(kind, backend):
+    if kind == "ring":
+        return tfdist.strategies.RingAllReduceStrategy(backend=backend)
+    if kind == "tree":
+        return tfdist.strategies.ReductionTreeStrategy(fanout=2)
+    return tfdist.strategies.ParameterServerStrategy()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", help="output prefix; writes <out>.rank<R>.npz")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--strategy", choices=["ring", "tree", "ps"], default="ring")
+    parser.add_argument("--backend", default="auto")
+    args = parser.parse_args()
+    strategy = make_strategy(args.strategy, args.backend)
+    arrays = {}
+    for name in args.cases.split(","):
+        arrays.update({f"{name}/{k}": v for k, v in CASES[name](strategy).items()})
+        if strategy.is_chief:
+            print("case", name, "done", flush=True)
+    np.savez(f"{args.out}.rank{strategy.rank}.npz", **arrays)
+
+
+if __name__ == "__main__":
+    main()
