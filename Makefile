@@ -5,8 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tfdist-installed
 NP     ?= 2
 PYTEST_ARGS ?=
+STRESS_JOBS ?= 120
+STRESS_ARGS ?=
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install demo test test-all bench stress clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +30,9 @@ test-all: install  ## every test, including the slow scenarios
 
 bench: install  ## benchmarks; JSON (and PNG) results in benchmarks/results/
 	$(BIN)/tfdist-bench
+
+stress: install  ## crash/hang/false-alarm hunt: many short jobs on a busy CPU (STRESS_JOBS=120)
+	$(BIN)/python -m benchmarks.stress --jobs $(STRESS_JOBS) $(STRESS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
