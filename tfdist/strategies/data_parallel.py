@@ -20,6 +20,8 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 Subclasses only choose the aggregator (`_make_aggregator`).
 """
 
+import contextlib
+
 import tensorflow as tf
 from absl import logging
 
@@ -62,6 +64,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._local_state = (
             LocalStateSync(self, self._all_reduce_sum) if world > 1 else None
         )
+        self._any_rank_function = None
 
     @property
     def communicator(self):
@@ -246,7 +249,14 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce)."""
         if self._communicator is None:
             return bool(flag)
-        total = self._communicator.all_reduce(tf.constant([1.0 if flag else 0.0]))
+        if self._any_rank_function is None:
+            # Compiled once: an eager collective would carry an op timeout, for which
+            # TensorFlow parks two threads per call; the call is bounded by the watchdog.
+            self._any_rank_function = tf.function(
+                lambda value: self._all_reduce_sum([value])[0])
+        guard = getattr(self._communicator, "expect_progress", None)
+        with guard("stop-flag exchange") if guard else contextlib.nullcontext():
+            total = self._any_rank_function(tf.constant([1.0 if flag else 0.0]))
         return bool(total.numpy()[0] > 0)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
@@ -274,8 +284,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _begin_replica_step(self, args):
         """This step's `ReplicaStep`: its rows and the global batch's (one scalar all-reduce)."""
         local_rows = batch_rows(args)
-        global_rows = self._communicator.all_reduce(
-            tf.cast(tf.reshape(local_rows, [1]), tf.float32))[0]
+        # Through the aggregator: the step's only transport is the strategy's own algorithm.
+        global_rows = self._all_reduce_sum([tf.cast(tf.reshape(local_rows, [1]), tf.float32)])[0][0]
         return replica_step.ReplicaStep(local_rows, global_rows)
 
     def _globalize_outputs(self, fn, outputs, step):
