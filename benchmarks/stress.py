@@ -310,6 +310,7 @@ def summarize(results, settings, started):
                              for name, c in sorted(by_configuration.items())},
         "mean_job_seconds": round(sum(r.seconds for r in results) / max(1, len(results)), 1),
         "problems": problems,
+        "jobs": [[r.index, r.configuration, r.kind, r.seconds, r.returncode] for r in results],
     }
     return summary, {"crashes_and_hangs": stacks}
 
@@ -323,9 +324,34 @@ def write_json(path, data):
     os.replace(tmp, path)
 
 
+def write_all(out, summary, stacks):
+    write_json(out, summary)
+    write_json(stacks_path(out), stacks)
+
+
 def stacks_path(out):
     root, ext = os.path.splitext(out)
     return f"{root}_crashes{ext}"
+
+
+def load_results(out):
+    """The jobs recorded in `out` (and its stacks file), to continue an interrupted run."""
+    with open(out) as f:
+        summary = json.load(f)
+    with open(stacks_path(out)) as f:
+        stacks = {entry["job"]: entry for entry in json.load(f)["crashes_and_hangs"]}
+    problems = {entry["job"]: entry for entry in summary["problems"]}
+    results = []
+    for index, configuration, kind, seconds, returncode in summary["jobs"]:
+        details = {k: v for k, v in problems.get(index, {}).items()
+                   if k in ("alarm_lines", "leftover_processes", "directory")}
+        if kind == "error":
+            details["output_tail"] = "\n".join(problems[index]["output_tail"])
+        if index in stacks:
+            details.update({k: stacks[index][k] for k in ("cores", "python_stacks",
+                                                           "output_tail")})
+        results.append(JobResult(index, configuration, kind, seconds, returncode, details))
+    return results, summary["started"]
 
 
 # ----------------------------------------------------------------------- main
@@ -366,6 +392,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="order of the configurations")
     parser.add_argument("--keep-dirs", action="store_true",
                         help="keep the directories (outputs) of jobs that were not ok")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the jobs already recorded in --out and run --jobs more")
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
     args = parser.parse_args(argv)
     logging.set_verbosity(logging.INFO)
@@ -375,28 +403,28 @@ def main(argv=None):
         return 0
     if shutil.which("gdb") is None:
         logging.warning("gdb not found: crashes will be counted without native stacks")
-    order = schedule(select(args.only), args.jobs, args.seed)
-    settings = {k: getattr(args, k) for k in ("jobs", "only", "busy", "job_timeout",
-                                              "peer_timeout", "seed")}
-    settings["cpus"] = os.cpu_count()
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    busy = BusyLoops(args.busy)
     results = []
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if args.resume and os.path.exists(args.out):
+        results, started = load_results(args.out)
+    order = schedule(select(args.only), args.jobs, args.seed + len(results))
+    settings = {k: getattr(args, k) for k in ("only", "busy", "job_timeout", "peer_timeout",
+                                              "seed")}
+    settings["cpus"] = os.cpu_count()
+    busy = BusyLoops(args.busy)
     try:
-        for index, configuration in enumerate(order):
-            result = run_job(index, configuration, args.job_timeout, args.peer_timeout,
+        for configuration in order:
+            result = run_job(len(results), configuration, args.job_timeout, args.peer_timeout,
                              args.keep_dirs)
             results.append(result)
             frames = [c["top_frames"][:3] for c in result.details.get("cores", [])]
-            logging.info("job %d/%d %-30s %-11s %5.1f s rc=%d %s", index + 1, len(order),
+            logging.info("job %d %-30s %-11s %5.1f s rc=%d %s", result.index,
                          configuration.name, result.kind, result.seconds, result.returncode,
                          frames or result.details.get("alarm_lines", [""])[:1])
-            summary, stacks = summarize(results, settings, started)
-            write_json(args.out, summary)
-            write_json(stacks_path(args.out), stacks)
+            write_all(args.out, *summarize(results, settings, started))
     finally:
         busy.stop()
-    totals = summary["totals"]
+    totals = summarize(results, settings, started)[0]["totals"]
     logging.info("stress: %s", ", ".join(f"{k} {v}" for k, v in totals.items()))
     return 0 if totals["ok"] == totals["jobs"] else 1
 
