@@ -154,28 +154,63 @@ class BusyLoops:
 # ------------------------------------------------------------------- analysis
 def native_stacks(core, executable=sys.executable):
     """gdb's backtrace of the crashing thread, then of every thread, for one core file."""
-    command = ["gdb", "-batch", "-nx", "-ex", "set pagination off", "-ex", "set print frame-arguments none",
-               "-ex", "echo === crashing thread ===\\n", "-ex", "bt",
-               "-ex", "echo === all threads ===\\n", "-ex", "thread apply all bt",
-               os.path.realpath(executable), core]
+    gdb_commands = ["set pagination off", "set print frame-arguments none",
+                    "echo === crashing thread ===\\n", "bt",
+                    "echo === all threads ===\\n", "thread apply all bt"]
+    command = ["gdb", "-batch", "-nx"]
+    for gdb_command in gdb_commands:
+        command += ["-ex", gdb_command]
+    command += [os.path.realpath(executable), core]
     try:
         done = subprocess.run(command, capture_output=True, text=True, errors="replace",
                               timeout=GDB_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         return "gdb timed out"
-    return done.stdout + done.stderr[-2000:]
+    return without_gdb_chatter(done.stdout + done.stderr[-2000:])
+
+
+GDB_ADVICE = re.compile(r"auto-load|gdbinit|To enable execution|To completely disable|"
+                        r"security protection|^\s*info \"\(gdb\)|^\s*set auto-load|^\s*line to your")
+
+
+def without_gdb_chatter(text):
+    """gdb's output less its per-thread "[New LWP n]" lines and auto-load advice."""
+    start = text.find("=== crashing thread ===")
+    head, stacks = (text[:start], text[start:]) if start >= 0 else ("", text)
+    kept = [line for line in head.splitlines()
+            if line.startswith(("Core was generated", "Program terminated", "#", "[Current"))]
+    kept += [line for line in stacks.splitlines() if not GDB_ADVICE.search(line)]
+    return "\n".join(kept)
 
 
 def top_frames(stacks, count=TOP_FRAMES):
-    """The crashing thread's first frames, shortened to "function (library)"."""
+    """The crashing thread's first frames, shortened to "function (library)".
+
+    Frames up to "<signal handler called>" (faulthandler re-raising the
+    signal) are left out: the frame after it is where the fault happened.
+    """
     section = stacks.split("=== crashing thread ===", 1)[-1].split("=== all threads ===")[0]
+    return _frames(section.split("<signal handler called>", 1)[-1], count)
+
+
+def main_thread_frames(stacks, pid, count=2 * TOP_FRAMES):
+    """The first frames of the process's main thread (its LWP is the pid), shortened."""
+    section = stacks.split("=== all threads ===", 1)[-1]
+    match = re.search(rf"\nThread \d+ \(Thread 0x[0-9a-f]+ \(LWP {pid}\)\):\n(.*?)(?:\n\n|$)",
+                      section, re.S)
+    return _frames(match.group(1), count) if match else []
+
+
+def _frames(section, count):
     frames = []
     for line in section.splitlines():
-        match = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?(\S+)(?: \(.*?\))?(?: (?:from|at) (\S+))?",
-                         line)
-        if match:
-            where = os.path.basename(match.group(2)) if match.group(2) else ""
-            frames.append(f"{match.group(1)} ({where})" if where else match.group(1))
+        match = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?(.*?)(?: (?:from|at) (\S+))?$", line)
+        if not match:
+            continue
+        # "ns::(anonymous namespace)::Class::method(arg types) (...)" -> "ns::{anon}::Class::method"
+        name = match.group(1).replace("(anonymous namespace)", "{anon}").split("(")[0].strip()
+        where = os.path.basename(match.group(2).split(":")[0]) if match.group(2) else ""
+        frames.append(f"{name} ({where})" if where else name)
         if len(frames) == count:
             break
     return frames
@@ -252,8 +287,11 @@ def run_job(index, configuration, job_timeout, peer_timeout, keep_dirs):
         details["cores"] = []
         for core in cores:
             stacks = native_stacks(core)
-            details["cores"].append({"process": os.path.basename(os.path.dirname(core)),
-                                     "top_frames": top_frames(stacks), "native_stacks": stacks})
+            process = os.path.basename(os.path.dirname(core))
+            details["cores"].append({
+                "process": process, "top_frames": top_frames(stacks),
+                "main_thread_frames": main_thread_frames(stacks, process.rsplit("-", 1)[-1]),
+                "native_stacks": stacks})
         details["python_stacks"] = python_stacks(output)
         details["output_tail"] = output[-6000:]
     elif kind == "false_alarm":
@@ -261,7 +299,7 @@ def run_job(index, configuration, job_timeout, peer_timeout, keep_dirs):
     elif kind == "error":
         details["output_tail"] = output[-4000:]
     if keep_dirs and kind != "ok":
-        details["directory"] = directory
+        logging.info("job %d (%s): kept %s", index, kind, directory)
         for core in cores:
             os.remove(core)  # cores are large; their stacks are kept
     else:
@@ -286,15 +324,16 @@ def summarize(results, settings, started):
         entry = {"job": r.index, "configuration": r.configuration, "kind": r.kind,
                  "seconds": r.seconds, "returncode": r.returncode}
         if "cores" in r.details:
-            entry["crashed_processes"] = [{"process": c["process"], "top_frames": c["top_frames"]}
-                                          for c in r.details["cores"]]
+            entry["crashed_processes"] = [
+                {k: c.get(k, []) for k in ("process", "top_frames", "main_thread_frames")}
+                for c in r.details["cores"]]
             first = r.details["python_stacks"][:1]
             entry["python_stack_head"] = first[0][:1500].splitlines() if first else []
             stacks.append({"job": r.index, "configuration": r.configuration, "kind": r.kind,
                            "cores": r.details["cores"],
                            "python_stacks": r.details["python_stacks"],
                            "output_tail": r.details["output_tail"]})
-        for key in ("alarm_lines", "leftover_processes", "directory"):
+        for key in ("alarm_lines", "leftover_processes"):
             if key in r.details:
                 entry[key] = r.details[key]
         if r.kind == "error":
@@ -315,12 +354,25 @@ def summarize(results, settings, started):
     return summary, {"crashes_and_hangs": stacks}
 
 
+def redact(text):
+    """`text` with this machine's paths (repository, interpreter, temp, home) as placeholders.
+
+    Stacks and outputs name files by absolute path; results are committed,
+    and where they ran is not part of them.
+    """
+    places = {os.path.dirname(HERE): "<repo>", sys.prefix: "<venv>",
+              sys.base_prefix: "<python>", os.path.realpath(sys.base_prefix): "<python>",
+              tempfile.gettempdir(): "<tmp>", os.path.expanduser("~"): "~"}
+    for path in sorted((p for p in places if len(p) > 1), key=len, reverse=True):
+        text = text.replace(path, places[path])
+    return text
+
+
 def write_json(path, data):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+        f.write(redact(json.dumps(data, indent=1)) + "\n")
     os.replace(tmp, path)
 
 
@@ -344,7 +396,7 @@ def load_results(out):
     results = []
     for index, configuration, kind, seconds, returncode in summary["jobs"]:
         details = {k: v for k, v in problems.get(index, {}).items()
-                   if k in ("alarm_lines", "leftover_processes", "directory")}
+                   if k in ("alarm_lines", "leftover_processes")}
         if kind == "error":
             details["output_tail"] = "\n".join(problems[index]["output_tail"])
         if index in stacks:
@@ -355,6 +407,18 @@ def load_results(out):
 
 
 # ----------------------------------------------------------------------- main
+def environment():
+    """`tfdist-bench`'s environment record (versions, CPUs), read in a child process.
+
+    The harness itself never imports TensorFlow: it forks launchers with a
+    preexec_fn, which is unsafe once a process runs TensorFlow's threads.
+    """
+    code = "import json; from benchmarks.cli import environment; print(json.dumps(environment()))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(HERE),
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def select(only):
     if not only:
         return list(CONFIGURATIONS)
@@ -391,7 +455,7 @@ def main(argv=None):
     parser.add_argument("--out", default=DEFAULT_OUT, help="summary JSON path")
     parser.add_argument("--seed", type=int, default=0, help="order of the configurations")
     parser.add_argument("--keep-dirs", action="store_true",
-                        help="keep the directories (outputs) of jobs that were not ok")
+                        help="keep the directories (outputs) of jobs that were not ok (logged)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the jobs already recorded in --out and run --jobs more")
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
@@ -410,7 +474,7 @@ def main(argv=None):
     order = schedule(select(args.only), args.jobs, args.seed + len(results))
     settings = {k: getattr(args, k) for k in ("only", "busy", "job_timeout", "peer_timeout",
                                               "seed")}
-    settings["cpus"] = os.cpu_count()
+    settings["environment"] = environment()
     busy = BusyLoops(args.busy)
     try:
         for configuration in order:

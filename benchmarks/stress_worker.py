@@ -2,11 +2,15 @@
 
 Every process of the job runs, under the strategy given on the command line:
 
-1. a small CNN on generated 8x8 images: `fit` (with validation data),
-   `evaluate`, `predict`, `model.save`;
-2. a second model in the same process (an MLP with BatchNormalization): `fit`;
+1. a small CNN with Dropout on generated 8x8 images: `fit` (shuffled, with
+   validation data), `evaluate`, `predict`, `model.save`;
+2. a second model in the same process (an MLP with BatchNormalization) on a
+   shuffled `tf.data` pipeline with `steps_per_execution=2`: `fit`;
 3. a model with a custom `train_step` (the keras.io "customizing what happens
-   in fit" pattern: GradientTape + `optimizer.apply`): `fit`.
+   in fit" pattern: GradientTape + `optimizer.apply`): `fit`;
+4. uneven work after training, as real scripts have (the chief saves the final
+   model, every rank spends a random 0..`--linger` seconds on its own), so ranks
+   exit seconds apart: a peer that exits first is not a failure.
 
 It exercises every lifecycle point where a multi-process job can break:
 start-up, tracing and running compiled steps, a second strategy user in
@@ -21,6 +25,7 @@ working directory, so that a core file of every crashing process is kept
 
 import argparse
 import os
+import random
 import time
 
 
@@ -84,6 +89,7 @@ def cnn():
         keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
+        keras.layers.Dropout(0.2),
         keras.layers.Dense(16, activation="relu"),
         keras.layers.Dense(8, activation="softmax"),
     ])
@@ -109,7 +115,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
     parser.add_argument("--backend", choices=["auto", "collective", "horovod"], default="auto")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--linger", type=float, default=6.0,
+                        help="most seconds of local work after training (default 6)")
     args = parser.parse_args()
     start = time.monotonic()
     strategy = STRATEGIES[args.strategy](args)
@@ -121,7 +129,7 @@ def main():
         model.compile(optimizer=keras.optimizers.Adam(3e-3),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model.fit(x[:192], y[:192], batch_size=batch, epochs=args.epochs,
-              validation_data=(x[192:], y[192:]), verbose=0)
+              validation_data=(x[192:], y[192:]), shuffle=True, verbose=0)
     model.evaluate(x[192:], y[192:], batch_size=batch, verbose=0)
     predictions = model.predict(x[192:], batch_size=batch, verbose=0)
     assert predictions.shape == (48, 8), predictions.shape
@@ -133,13 +141,16 @@ def main():
     with strategy.scope():
         second = mlp_with_batch_norm()
         second.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse",
-                       metrics=["mae"])
-    second.fit(features, targets, batch_size=batch, epochs=args.epochs, verbose=0)
+                       metrics=["mae"], steps_per_execution=2)
+    pipeline = tf.data.Dataset.from_tensor_slices((features, targets)).shuffle(192, seed=7)
+    second.fit(pipeline.batch(batch), epochs=args.epochs, shuffle=False, verbose=0)
 
     with strategy.scope():
         custom = custom_step_model()
         custom.compile(optimizer="adam", loss="mse", metrics=["mae"])
     custom.fit(features, targets, batch_size=batch, epochs=args.epochs, verbose=0)
+    custom.save("custom.keras")  # the chief writes; other ranks go on at once
+    time.sleep(random.Random(os.getpid()).uniform(0.0, args.linger))
     print(f"stress worker rank {strategy.rank}: done in {time.monotonic() - start:.1f} s",
           flush=True)
 

@@ -7,6 +7,7 @@ imported here, so that a TensorFlow upgrade touches this file only.
 
 from tensorflow.core.protobuf import cluster_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
+from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
@@ -20,6 +21,7 @@ OneDeviceExtended = one_device_strategy.OneDeviceExtended
 ReplicaContext = distribute_lib.ReplicaContext
 ReduceOp = reduce_util.ReduceOp
 ResourceVariable = resource_variable_ops.ResourceVariable
+UnaryUnchangedStructureDataset = dataset_ops.UnaryUnchangedStructureDataset
 
 all_reduce_v2 = collective_ops.all_reduce_v2
 all_gather_v2 = collective_ops.all_gather_v2
@@ -78,19 +80,6 @@ def abort_collectives(code, message):
 def global_seed_is_set():
     """True when the user set a TensorFlow global seed (`tf.random.set_seed`)."""
     return random_seed.get_seed(None)[0] is not None
-
-
-def distributed_dataset_from_function(extended, dataset_fn, input_context, options):
-    """A `DistributedDataset` built by `dataset_fn(input_context)` on this process."""
-    from tensorflow.python.distribute import input_util
-
-    return input_util.get_distributed_datasets_from_function(
-        dataset_fn,
-        extended._input_workers_with_options(options),  # pylint: disable=protected-access
-        [input_context],
-        extended._container_strategy(),  # pylint: disable=protected-access
-        options=options,
-    )
 
 
 def static_batch_size(dataset):

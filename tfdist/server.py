@@ -19,6 +19,7 @@ worker as a child process with explicit arguments:
 """
 
 import argparse
+import os
 import sys
 
 from absl import logging
@@ -35,6 +36,13 @@ def serve(address, num_workers, name, timeout, worker_addresses):
     code = server.serve()
     if code:
         print(server.error, file=sys.stderr, flush=True)
+    if not server.reducers_stopped:
+        # A reducer thread is still inside TensorFlow: finalizing the interpreter (and
+        # TensorFlow's runtime) under it could crash the process; leave without teardown.
+        logging.warning("tfdist %s: a reducer did not stop; exiting without cleanup", name)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # pylint: disable=protected-access
     return code
 
 

@@ -37,6 +37,7 @@ from tfdist.launch.ports import connection_refused
 WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
 PROBE_INTERVAL_SECONDS = 2.0
 PROBES_BEFORE_FAILING = 2
+REDUCER_EXIT_SECONDS = 30.0
 QUEUE_CAPACITY = 1 << 20
 HELLO, GOODBYE = 1, 2  # check-in states
 STOPPED_SLOT = -1  # a pull answered with this slot: the server stopped; step = the dead worker
@@ -74,6 +75,7 @@ class ShardServer:
         self.name = name
         self.timeout = float(timeout)
         self.error = None
+        self.reducers_stopped = False
         self._stopped = threading.Event()
         workers = range(self.num_workers)
         self._inbox = {wire: [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64, tf.int64, dtype])
@@ -209,7 +211,12 @@ class ShardServer:
                            dead_worker=worker)
 
     def serve(self):
-        """Run until every worker has said goodbye (returns 0) or one fails (returns 1)."""
+        """Run until every worker has said goodbye (returns 0) or one fails (returns 1).
+
+        On return the reducer threads have finished (`reducers_stopped`), unless
+        one is still inside TensorFlow after `REDUCER_EXIT_SECONDS`: then the
+        caller must not tear the interpreter down under it (`tfdist.server`).
+        """
         logging.info("tfdist %s: serving %d workers", self.name, self.num_workers)
         threads = [threading.Thread(target=self._reduce_forever, args=(wire,), daemon=True,
                                     name=f"tfdist-reducer-{wire}") for wire in WIRE_DTYPES]
@@ -223,7 +230,9 @@ class ShardServer:
                 self._stopped.set()
                 break
             self._check_workers(checkins, started, refusals)
-        self._close_queues()
+        self._close_queues()  # wakes the reducers: their dequeues fail
+        deadline = time.monotonic() + REDUCER_EXIT_SECONDS
         for thread in threads:
-            thread.join(timeout=5.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.reducers_stopped = not any(thread.is_alive() for thread in threads)
         return 1 if self.error else 0

@@ -10,12 +10,15 @@ a per-process counter as collectives are created - eagerly, or when a
 function is traced - so ranks agree as long as they create the same
 collectives in the same order, which ranks running the same script do.
 
-Failure handling, all bounded by the job timeout:
-* a monitor thread probes every peer's server and, when one stops answering,
-  aborts all pending collectives of this process with a message naming that
-  peer, so a dead peer shows up in seconds;
+Failure handling, all bounded by the job timeout (`tfdist.comm.peer_monitor`):
+* a monitor thread probes every peer's port (plain TCP, no TensorFlow call
+  beside training) and, when one is gone while this process waits on its
+  peers, aborts all pending collectives of this process with a message naming
+  that peer, so a dead peer shows up in seconds. A peer that is gone while
+  nobody waits on it may just have finished first (the end of a job): that is
+  not reported;
 * eager collectives (start-up, broadcasts, checks) carry the timeout as an op
-  attribute;
+  attribute, and count as waiting on the peers while they run;
 * collectives inside compiled functions do not: TensorFlow parks two threads
   for the whole timeout on every op that has one (300 ops with a 300 s timeout
   hold 600 threads; a long training run exhausts the process's threads).
@@ -24,9 +27,7 @@ Failure handling, all bounded by the job timeout:
   (peers alive but out of step: different data, a rank stuck elsewhere).
 """
 
-import contextlib
-
-import atexit
+import functools
 import math
 import sys
 import threading
@@ -36,6 +37,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist import _tf
+from tfdist.comm.peer_monitor import PeerMonitor
 from tfdist.errors import ClusterError
 from tfdist.launch.ports import port_is_free
 
@@ -43,14 +45,31 @@ WORLD_GROUP_KEY = 1
 FIRST_PAIR_GROUP_KEY = 1000  # group keys of the two-rank groups used for point-to-point
 FIRST_INSTANCE_KEY = 100
 GATHER_CAPACITY_BUCKETS = 32  # instance keys per all_gather call site: capacities 2**0..2**31
-HEALTH_CHECK_INTERVAL_SECONDS = 2.0
-HEALTH_CHECK_FAILURES_BEFORE_ABORT = 2
+_ABORT_CODES = {"unavailable": tf.errors.UNAVAILABLE, "deadline": tf.errors.DEADLINE_EXCEEDED}
 _UNREACHABLE = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                 tf.errors.FailedPreconditionError)
 
 
 def task_name(rank):
     return f"/job:worker/replica:0/task:{rank}"
+
+
+def _waits_on_peers(method):
+    """Run a collective method as a wait on the peers when it executes eagerly.
+
+    While tracing a function nothing waits: the compiled call is registered
+    by its caller (`expect_progress`). Eager collectives carry their own op
+    timeout, so the registration only makes a dead peer fail them at once.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._monitor is None or not tf.executing_eagerly():  # start-up, or tracing
+            return method(self, *args, **kwargs)
+        with self._monitor.waiting(f"{method.__name__} (eager)", deadline=False):
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class CollectiveCommunicator:
@@ -69,8 +88,7 @@ class CollectiveCommunicator:
         self.device = task_name(self.rank) + "/device:CPU:0"
         self._next_key = FIRST_INSTANCE_KEY
         self._key_lock = threading.Lock()
-        self._monitor_stop = threading.Event()
-        self._in_flight = {}  # id -> (description, start time) of guarded calls
+        self._monitor = None  # watching starts once every peer has answered
         if len(self.addresses) != self.world_size:
             raise ClusterError(
                 f"tfdist rank {self.rank}: {len(self.addresses)} worker addresses for "
@@ -78,10 +96,7 @@ class CollectiveCommunicator:
             )
         self._start_server()
         self._rendezvous()
-        self._monitor = threading.Thread(target=self._watch_peers, daemon=True,
-                                         name="tfdist-peer-monitor")
-        self._monitor.start()
-        atexit.register(self.stop_monitor)
+        self._monitor = PeerMonitor(self.rank, self.addresses, self.timeout, self._abort)
         self._install_excepthook()
 
     # ------------------------------------------------------------------ setup
@@ -132,79 +147,21 @@ class CollectiveCommunicator:
             ) from None
         logging.info("tfdist rank %d: %d processes connected", self.rank, self.world_size)
 
-    def _watch_peers(self):
-        failures = {}
-        while not self._monitor_stop.wait(HEALTH_CHECK_INTERVAL_SECONDS):
-            if not threading.main_thread().is_alive():
-                # The program has finished (Python is running its exit handlers): a
-                # peer that has already exited is not a failure.
-                return
-            if self._abort_stalled_call():
-                return
-            for peer in range(self.world_size):
-                if peer == self.rank or self._monitor_stop.is_set():
-                    continue
-                try:
-                    _tf.check_peer_health(task_name(peer), timeout_seconds=5.0)
-                    failures[peer] = 0
-                except _UNREACHABLE as e:
-                    failures[peer] = failures.get(peer, 0) + 1
-                    if failures[peer] < HEALTH_CHECK_FAILURES_BEFORE_ABORT:
-                        continue
-                    if self._monitor_stop.is_set():
-                        return
-                    message = (
-                        f"tfdist rank {self.rank}: peer rank {peer} ({self.addresses[peer]}) "
-                        f"is unreachable, it has probably died: {e.message.splitlines()[0]}"
-                    )
-                    logging.error("%s; aborting collectives", message)
-                    _tf.abort_collectives(tf.errors.UNAVAILABLE, message)
-                    return
-                except Exception as e:  # pylint: disable=broad-except
-                    logging.warning("tfdist peer monitor: unexpected error: %s", e)
+    def _abort(self, kind, message):
+        """Fail every pending and future collective of this process with `message`."""
+        _tf.abort_collectives(_ABORT_CODES[kind], message)
 
-    @contextlib.contextmanager
     def expect_progress(self, description):
         """Bound one call of a compiled function with collectives by the job timeout."""
-        token = object()
-        self._in_flight[id(token)] = (description, time.monotonic())
-        try:
-            yield
-        finally:
-            self._in_flight.pop(id(token), None)
-
-    def _abort_stalled_call(self):
-        now = time.monotonic()
-        for description, start in list(self._in_flight.values()):
-            if now - start > self.timeout:
-                message = (
-                    f"tfdist rank {self.rank}: {description} waited more than the "
-                    f"{self.timeout:g} s timeout for its peers, which are alive but not "
-                    "taking part: are the ranks out of step (different data or steps per "
-                    "epoch), or is a rank stuck outside training?"
-                )
-                logging.error("%s; aborting collectives", message)
-                _tf.abort_collectives(tf.errors.DEADLINE_EXCEEDED, message)
-                return True
-        return False
+        return self._monitor.waiting(description)
 
     def _op_timeout(self):
         """The op-level timeout: only for eager collectives (see the module doc)."""
         return 0.0 if tf.inside_function() else self.timeout
 
-    def unreachable_peers(self, timeout_seconds=3.0):
-        """Ranks whose server does not answer now (used to explain a failure)."""
-        dead = []
-        for peer in range(self.world_size):
-            if peer == self.rank:
-                continue
-            try:
-                _tf.check_peer_health(task_name(peer), timeout_seconds=timeout_seconds)
-            except _UNREACHABLE:
-                dead.append(peer)
-            except Exception:  # pylint: disable=broad-except
-                pass
-        return dead
+    def unreachable_peers(self):
+        """Ranks whose process is gone now (used to explain a failure)."""
+        return self._monitor.gone_peers()
 
     def _install_excepthook(self):
         """Explain a collective failure in tfdist's words before the process exits.
@@ -232,7 +189,7 @@ class CollectiveCommunicator:
 
     def stop_monitor(self):
         """Stop watching peers (at exit: peers finishing first is not a failure)."""
-        self._monitor_stop.set()
+        self._monitor.stop()
 
     # ------------------------------------------------------------------ keys
     def instance_key(self):
@@ -260,6 +217,7 @@ class CollectiveCommunicator:
         return key
 
     # ------------------------------------------------------------ collectives
+    @_waits_on_peers
     def all_reduce(self, tensor, group_size=None, group_key=WORLD_GROUP_KEY):
         """Element-wise sum of `tensor` over the group (every rank gets it)."""
         with tf.device(self.device):
@@ -268,6 +226,7 @@ class CollectiveCommunicator:
                 communication_hint="ring", timeout=self._op_timeout(),
             )
 
+    @_waits_on_peers
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0, in rank order.
 
@@ -302,6 +261,7 @@ class CollectiveCommunicator:
             rows = tf.reduce_sum(shapes[:, 0])
             return tf.reshape(tf.gather(gathered, keep), tf.concat([[rows], shape[1:]], 0))
 
+    @_waits_on_peers
     def all_gather_strings(self, text, max_bytes=1024):
         """Every rank's `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""
         data = text.encode()
@@ -317,6 +277,7 @@ class CollectiveCommunicator:
             communication_hint="ring", timeout=self._op_timeout(),
         )
 
+    @_waits_on_peers
     def broadcast(self, tensor, root=0):
         """Every rank gets `root`'s `tensor` (same shape and dtype on all ranks)."""
         tensor = tf.convert_to_tensor(tensor)
@@ -339,6 +300,7 @@ class CollectiveCommunicator:
         low, high = sorted((self.rank, peer))
         return FIRST_PAIR_GROUP_KEY + low * self.world_size + high
 
+    @_waits_on_peers
     def send(self, tensor, peer, instance_key):
         """Send `tensor` to rank `peer`, which calls `recv` with the same instance key.
 
@@ -352,6 +314,7 @@ class CollectiveCommunicator:
                 communication_hint="ring", timeout=self._op_timeout(),
             )
 
+    @_waits_on_peers
     def recv(self, shape, dtype, peer, instance_key):
         """Receive the tensor that rank `peer` sends with the same instance key."""
         with tf.device(self.device):

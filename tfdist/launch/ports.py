@@ -1,5 +1,6 @@
-"""Choosing listening ports for the processes of a local job."""
+"""Choosing listening ports for the processes of a local job, and probing them."""
 
+import errno
 import socket
 
 
@@ -56,3 +57,21 @@ def connection_refused(address, timeout=2.0):
         return True
     except OSError:
         return False
+
+
+def unreachable(address, timeout=2.0):
+    """True if nothing answers on "host:port": the connection is refused, or not answered.
+
+    Stricter than `connection_refused`: a machine that is down or cut off does
+    not refuse connections, it stays silent. The kernel accepts connections for
+    a live process however busy that process is, so silence within `timeout`
+    means the host or the network, not a slow process.
+    """
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return False
+    except (ConnectionRefusedError, socket.timeout):
+        return True
+    except OSError as e:
+        return e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)

@@ -5,7 +5,8 @@ This is the base of every tfdist strategy. It is a `tf.distribute.Strategy`
 Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 
 * `experimental_distribute_dataset` gives each process its slice of every
-  global batch (`sharding.shard_global_batch`), of any size.
+  global batch (`sharding.shard_global_batch`), of any size, as a plain
+  `tf.data` dataset (`local_input`: no `MultiDeviceIterator`).
 * Each step computes its losses as means over its slice and weights what it
   contributes by its share of the global batch (`replica_step`); the
   optimizer receives the share-weighted sum of every rank's gradients,
@@ -31,6 +32,7 @@ from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_hooks
 from tfdist.strategies import replica_step
+from tfdist.strategies.local_input import LocalSliceDataset
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, shard_global_batch
@@ -214,16 +216,21 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     # --------------------------------------------------------------- input
     def _experimental_distribute_dataset(self, dataset, options):
+        """This process's slice of every global batch, iterated directly (`local_input`).
+
+        `options` (`tf.distribute.InputOptions`) are about per-device buffers,
+        which a one-device process does not create; they are ignored.
+        """
+        del options
+        if isinstance(dataset, LocalSliceDataset):
+            return dataset  # distributed already (a user's call before model.fit)
         cluster = self._cluster
         policy = dataset.options().experimental_distribute.auto_shard_policy
         if cluster.world_size > 1 and policy == tf.data.experimental.AutoShardPolicy.FILE:
             context = tf.distribute.InputContext(cluster.world_size, cluster.rank,
                                                  cluster.world_size)
-            return self._distribute_datasets_from_function(
-                lambda _: _shard_files(dataset, context), options
-            )
-        sharded = shard_global_batch(dataset, cluster.rank, cluster.world_size)
-        return super()._experimental_distribute_dataset(sharded, options)
+            return LocalSliceDataset(_shard_files(dataset, context))
+        return LocalSliceDataset(shard_global_batch(dataset, cluster.rank, cluster.world_size))
 
     def check_same_number_of_batches(self, num_batches):
         """Fail clearly when ranks were given different data (a silent mismatch otherwise).
@@ -260,9 +267,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return bool(total.numpy()[0] > 0)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
+        """`dataset_fn(input_context)`: the user's own per-process pipeline, iterated directly."""
+        del options
         cluster = self._cluster
         context = tf.distribute.InputContext(cluster.world_size, cluster.rank, cluster.world_size)
-        return _tf.distributed_dataset_from_function(self, dataset_fn, context, options)
+        return LocalSliceDataset(dataset_fn(context))
 
     # ---------------------------------------------------------------- steps
     def _call_for_each_replica(self, fn, args, kwargs):

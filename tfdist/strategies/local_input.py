@@ -1,0 +1,39 @@
+"""The dataset a tfdist strategy hands to Keras: this process's input, iterated directly.
+
+A tfdist process has one replica on one device, so its distributed dataset is
+simply its own slice of the input (`sharding.shard_global_batch`), iterated
+the way Keras iterates a dataset on one device without a strategy: a plain
+`tf.data` iterator, no per-device buffering.
+
+Why not TensorFlow's `DistributedDataset`: for every iterator it opens a
+`MultiDeviceIterator`, whose background thread keeps pulling elements from
+the source pipeline. Keras opens a new iterator for every `evaluate` (and for
+validation inside `fit`) and drops the previous one; destroying a
+`MultiDeviceIterator` while its thread is inside the source iterator's
+`GetNext` intermittently crashes the process with SIGSEGV (exit 139; native
+stacks: main thread in `MultiDeviceBuffer::Reset` under `~IteratorResource`,
+the crashing thread in `DatasetBaseIterator::GetNext` under
+`MultiDeviceBuffer::BackgroundThread`). With one device per process the
+multi-device buffer buys nothing, so tfdist does not create it.
+
+Cost: none beyond the pipeline's own; a `prefetch` in the user's pipeline
+still overlaps input with the step. On a GPU the batch is copied to the
+device inside the step, as in single-process Keras.
+"""
+
+from tfdist import _tf
+
+
+class LocalSliceDataset(_tf.UnaryUnchangedStructureDataset):
+    """A `tf.data.Dataset` marked as this process's already-distributed input.
+
+    It is the dataset it wraps (same elements, same iterator); the mark lets
+    the strategy return it unchanged when it is distributed again - a user's
+    `strategy.experimental_distribute_dataset(ds)` passed to `model.fit`,
+    which Keras then hands back to the strategy - instead of slicing a slice.
+    Keras accepts it wherever it accepts a `tf.data.Dataset`.
+    """
+
+    def __init__(self, dataset):
+        self._local_dataset = dataset
+        super().__init__(dataset, dataset._variant_tensor)  # pylint: disable=protected-access
