@@ -15,21 +15,55 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 
 
-def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, launcher=None):
-    """Run `tfdist-run -np np_ python <script_args>`; return the CompletedProcess."""
+def _job_env(run_timeout, extra_env):
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
         env.pop(stale, None)
+    env["TFDIST_TIMEOUT"] = str(run_timeout)
     env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stacks
     env.update(extra_env or {})
-    command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_),
-               "--timeout", str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
+    return env
+
+
+def launch_command(kind, np_, script_args, run_timeout=120, launcher=None):
+    """The command line that starts `np_` processes of `python <script_args>`.
+
+    kind: "tfdist-run" (with extra `launcher` arguments) or "horovodrun" (Gloo, this host).
+    """
+    if kind == "horovodrun":
+        horovodrun_path = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        return [horovodrun_path, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
+                sys.executable] + script_args
+    return [sys.executable, "-m", "tfdist.launch", "-np", str(np_), "--timeout",
+            str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
+
+
+def _run(command, env, timeout):
     result = subprocess.run(command, env=env, capture_output=True, timeout=timeout)
     # Decode by hand: text mode would turn the progress bar's "\r" into line breaks.
     result.stdout = result.stdout.decode(errors="replace")
     result.stderr = result.stderr.decode(errors="replace")
     return result
+
+
+def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, launcher=None):
+    """Run `tfdist-run -np np_ python <script_args>`; return the CompletedProcess."""
+    return _run(launch_command("tfdist-run", np_, script_args, run_timeout, launcher),
+                _job_env(run_timeout, extra_env), timeout)
+
+
+def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
+    """Run `horovodrun --gloo -np np_ python <script_args>` on this host."""
+    return _run(launch_command("horovodrun", np_, script_args),
+                _job_env(run_timeout, extra_env), timeout)
+
+
+def start_job(kind, np_, script_args, run_timeout=120, launcher=None):
+    """Start a job like `tfdist_run` / `horovodrun` without waiting: a Popen with merged output."""
+    return subprocess.Popen(launch_command(kind, np_, script_args, run_timeout, launcher),
+                            env=_job_env(run_timeout, None), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
 
 
 def failure_report(done, tail=3000):
@@ -44,24 +78,6 @@ def failure_report(done, tail=3000):
         crashes.append(text[match.start():match.start() + 6000])
     return "\n".join(crashes + ["--- stdout tail ---", done.stdout[-tail:],
                                  "--- stderr tail ---", done.stderr[-tail:]])
-
-
-def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
-    """Run `horovodrun --gloo -np np_ python <script_args>` on this host."""
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
-        env.pop(stale, None)
-    env["TFDIST_TIMEOUT"] = str(run_timeout)
-    env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stack
-    env.update(extra_env or {})
-    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    command = [launcher, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
-               sys.executable] + script_args
-    result = subprocess.run(command, env=env, capture_output=True, timeout=timeout)
-    result.stdout = result.stdout.decode(errors="replace")
-    result.stderr = result.stderr.decode(errors="replace")
-    return result
 
 
 def tf_config_job(worker_ranks, world, script_args, timeout_s, num_servers=0, busy_port=None):

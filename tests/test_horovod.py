@@ -7,7 +7,6 @@ test_equivalence: every world size reproduces the single-process training.
 
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -84,12 +83,12 @@ def test_fp16_compression_halves_the_bytes_on_the_wire(tmp_path, backend):
 
 
 def test_dead_rank_under_horovodrun_fails_the_job(tmp_path):
-    start = time.monotonic()
     done = horovodrun(3, [script("failure_modes.py"), "crash", "2"], timeout=120,
                       run_timeout=30)
     assert done.returncode != 0
-    assert "crashing on purpose" in done.stdout + done.stderr
-    assert time.monotonic() - start < 90
+    output = done.stdout + done.stderr
+    assert "crashing on purpose" in output
+    assert "Process 2 exit with status code 3" in output, output[-3000:]  # horovodrun names it
 
 
 def test_horovod_backend_without_horovod_launch_is_a_clear_error():

@@ -31,10 +31,13 @@ def test_only_the_chief_prints_progress(run):
 
 def test_chief_writes_checkpoints_and_logs_and_save_works_on_every_rank(run):
     workdir, _, _ = run
-    for name in ("ckpt.keras", "final.keras", "log.csv"):
-        assert os.path.getsize(workdir / name) > 0
-    with open(workdir / "log.csv") as f:
-        assert len(f.read().strip().splitlines()) == 3  # header + 2 epochs, one writer
+    for name in ("ckpt", "final"):
+        assert os.path.getsize(workdir / f"{name}.rank0.keras") > 0
+        assert not os.path.exists(workdir / f"{name}.rank1.keras"), f"rank 1 wrote {name}"
+    with open(workdir / "log.rank0.csv") as f:
+        assert len(f.read().strip().splitlines()) == 3  # header + 2 epochs
+    assert not os.path.exists(workdir / "log.rank1.csv"), "rank 1 wrote a CSV log"
+    assert not [n for n in os.listdir(workdir) if ".tmp" in n]  # atomic saves cleaned up
 
 
 def test_batchnorm_statistics_and_weights_agree_across_ranks(run):

@@ -22,6 +22,14 @@ def _alive(pid):
         return f.read().split()[2] != "Z"
 
 
+def _survivors(pids, ceiling=60.0):
+    """The pids still alive once all have exited or `ceiling` seconds have passed."""
+    deadline = time.monotonic() + ceiling
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
 def test_every_rank_gets_its_environment_and_prefix():
     result = tfdist_run(3, [script("launcher_probe.py"), "env"], timeout=60)
     assert result.returncode == 0, result.stderr
@@ -56,13 +64,11 @@ def test_servers_are_started_with_their_role():
 
 
 def test_failing_rank_stops_the_job_with_its_exit_code_and_name():
-    start = time.monotonic()
-    result = tfdist_run(3, [script("launcher_probe.py"), "fail", "1", "7"], timeout=60)
-    elapsed = time.monotonic() - start
+    # The other ranks sleep 600 s: only their termination ends the job within the ceiling.
+    result = tfdist_run(3, [script("launcher_probe.py"), "fail", "1", "7"], timeout=300)
     assert result.returncode == 7
     assert "rank 1 exited with code 7" in result.stderr
     assert "[1] failing on purpose" in result.stdout
-    assert elapsed < 30, f"others were not terminated promptly ({elapsed:.1f} s)"
 
 
 def test_no_orphans_after_failure(tmp_path):
@@ -76,15 +82,12 @@ def test_no_orphans_after_failure(tmp_path):
     env = dict(os.environ)
     result = subprocess.run(
         [sys.executable, "-m", "tfdist.launch", "-np", "2", "bash", str(wrapper)],
-        capture_output=True, text=True, timeout=60, env=env,
+        capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 3
     pids = [int(p) for p in pidfile.read_text().split()]
     assert pids
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)], "processes outlived tfdist-run"
+    assert not _survivors(pids), "processes outlived tfdist-run"
 
 
 def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
@@ -94,17 +97,16 @@ def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
          script("launcher_probe.py"), "orphan", str(pidfile)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a generous ceiling on a busy machine
     while (not pidfile.exists() or len(pidfile.read_text().split()) < 4) \
             and time.monotonic() < deadline:
         time.sleep(0.1)
     launcher.send_signal(signal.SIGTERM)
-    _, stderr = launcher.communicate(timeout=30)
+    _, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode != 0
     assert "SIGTERM" in stderr
     pids = [int(p) for p in pidfile.read_text().split()]
-    time.sleep(0.5)
-    assert not [p for p in pids if _alive(p)]
+    assert not _survivors(pids), "processes outlived tfdist-run"
 
 
 def test_port_base_in_use_is_a_clear_error():
@@ -138,3 +140,34 @@ def test_bad_flags(argv):
     result = subprocess.run([sys.executable, "-m", "tfdist.launch"] + argv,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
+
+
+NOISY_RANK = r"""
+import sys, warnings
+print("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+      file=sys.stderr, flush=True)
+print("I0000 00:00:1795476215.236518   24731 port.cc:153] oneDNN custom operations are on.",
+      file=sys.stderr, flush=True)
+print("I0000 00:00:1795476215.527891   24731 cpu_feature_guard.cc:227] This TensorFlow binary "
+      "is optimized to use available CPU instructions", file=sys.stderr, flush=True)
+print("To enable the following instructions: AVX2 FMA, in other operations", file=sys.stderr,
+      flush=True)
+warnings.warn("the same on every rank")
+print("To enable the ranks to talk, keep this line", flush=True)
+"""
+
+
+def test_startup_noise_is_left_out_and_a_warning_shown_once_unless_verbose(tmp_path):
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text(NOISY_RANK)
+    command = [sys.executable, "-m", "tfdist.launch", "-np", "3", sys.executable, str(noisy)]
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "absl::InitializeLog" not in quiet.stdout and "oneDNN" not in quiet.stdout
+    assert "To enable the following instructions" not in quiet.stdout
+    assert quiet.stdout.count("UserWarning: the same on every rank") == 1, quiet.stdout
+    assert quiet.stdout.count("To enable the ranks to talk, keep this line") == 3
+    verbose = subprocess.run(command[:3] + ["--verbose"] + command[3:], capture_output=True,
+                             text=True, timeout=120)
+    assert verbose.stdout.count("UserWarning: the same on every rank") == 3, verbose.stdout
+    assert verbose.stdout.count("oneDNN custom operations are on") == 3

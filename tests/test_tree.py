@@ -8,7 +8,6 @@ P=5 has depth 2 for both (fanout 2: 0-{1,2}, 1-{3,4}; fanout 3: 0-{1,2,3},
 `make test-all`.
 """
 
-import time
 
 import numpy as np
 import pytest
@@ -59,13 +58,9 @@ def test_rank_dying_mid_reduction_fails_the_others_naming_it():
     by itself (no launcher to kill them) with a message naming rank 1."""
     procs, addresses, _ = tf_config_job(
         [0, 1, 2, 3], 4, [script("failure_modes.py"), "crash", "1", "--strategy", "tree"],
-        timeout_s=60)
-    start = time.monotonic()
-    outputs = {rank: proc.communicate(timeout=180)[0] for rank, proc in procs.items()}
-    elapsed = time.monotonic() - start
+        timeout_s=300)  # far beyond the wait's ceiling: each survivor must notice by itself
+    outputs = {rank: proc.communicate(timeout=200)[0] for rank, proc in procs.items()}
     assert procs[1].returncode == 3, outputs[1][-2000:]
     for rank in (0, 2, 3):
         assert procs[rank].returncode != 0, outputs[rank][-2000:]
-        assert "peer rank 1" in outputs[rank] and addresses[1] in outputs[rank], \
-            outputs[rank][-3000:]
-    assert elapsed < 60, f"the dead inner node was detected only after {elapsed:.0f} s"
+        assert f"peer rank 1 ({addresses[1]})" in outputs[rank], outputs[rank][-3000:]

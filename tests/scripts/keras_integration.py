@@ -51,15 +51,17 @@ def main():
     x = rng.normal(size=(192, 6)).astype("float32")
     y = (x @ rng.normal(size=(6, 1))).astype("float32")
 
+    rank = strategy.rank
     model = build(strategy)
     history = model.fit(
         x, y, batch_size=32, epochs=2, verbose=1,
         callbacks=[
-            keras.callbacks.ModelCheckpoint(os.path.join(workdir, "ckpt.keras")),
-            keras.callbacks.CSVLogger(os.path.join(workdir, "log.csv")),
+            # Per-rank paths: a rank that writes is seen, not hidden by the chief's file.
+            keras.callbacks.ModelCheckpoint(os.path.join(workdir, f"ckpt.rank{rank}.keras")),
+            keras.callbacks.CSVLogger(os.path.join(workdir, f"log.rank{rank}.csv")),
         ],
     )
-    model.save(os.path.join(workdir, "final.keras"))  # every rank calls it
+    model.save(os.path.join(workdir, f"final.rank{rank}.keras"))  # every rank calls it
     np.savez(f"{out}.rank{strategy.rank}.npz", *model.get_weights(),
              loss=np.array(history.history["loss"]))
 

@@ -2,8 +2,8 @@
 
 Behaviour by argument:
   env              print this process's TFDIST_* environment as JSON, exit 0
-  fail RANK CODE   rank RANK exits with CODE after 0.5 s; others sleep 60 s
-  orphan PIDFILE   spawn a grandchild `sleep 120`, append its pid to PIDFILE, sleep 60 s
+  fail RANK CODE   rank RANK exits with CODE after 0.5 s; others sleep 600 s
+  orphan PIDFILE   spawn a grandchild `sleep 600`, append its pid to PIDFILE, sleep 600 s
 """
 
 import json
@@ -23,9 +23,9 @@ elif mode == "fail":
         time.sleep(0.5)
         print("failing on purpose", flush=True)
         sys.exit(code)
-    time.sleep(60)
+    time.sleep(600)
 elif mode == "orphan":
-    child = subprocess.Popen(["sleep", "120"])
+    child = subprocess.Popen(["sleep", "600"])
     with open(sys.argv[2], "a") as f:
         f.write(f"{child.pid}\n{os.getpid()}\n")
-    time.sleep(60)
+    time.sleep(600)

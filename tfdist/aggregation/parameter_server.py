@@ -14,10 +14,12 @@ from tfdist.aggregation import shard_server
 from tfdist.aggregation.base import Aggregator
 from tfdist.aggregation.fusion import FusionPlan, near_equal_sizes, split_flat
 from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES, RpcClient
+from tfdist.errors import tfdist_assertion
 from tfdist.launch.ports import connection_refused
 
 DEFAULT_PIECE_BYTES = 1024 * 1024
 MIN_SPLIT_BYTES = 64 * 1024
+LOGGED_PLAN_MIN_BYTES = 256
 GOODBYE_TIMEOUT_SECONDS = 5.0
 _UNLIMITED_BUCKET = 1 << 62
 
@@ -122,10 +124,11 @@ class ParameterServerAggregator(Aggregator):
         self._slot_lock = threading.Lock()
         self._call_sites = itertools.count()
         self._chains = weakref.WeakKeyDictionary()  # graph -> {(server, "push"|"pull"): op}
-        self._logged_plans = set()
+        self._largest_logged = 0  # bytes of the largest buffer whose partition was printed
         self._stop = threading.Event()
         self._checkin(shard_server.HELLO)
         threading.Thread(target=self._watch_servers, daemon=True, name="tfdist-ps-watch").start()
+        self._install_excepthook()
         atexit.register(self.close)
 
     # ------------------------------------------------------------ liveness
@@ -144,10 +147,35 @@ class ParameterServerAggregator(Aggregator):
                 if gone and not self._stop.is_set():
                     # Training is blocked in calls to the dead server, which cannot be
                     # cancelled: say why and exit.
-                    print(f"tfdist rank {self.rank}: {client.description} is unreachable "
-                          "(connection refused); it has probably died. Stopping this worker.",
-                          file=sys.stderr, flush=True)
+                    self._report_dead_server(client)
                     os._exit(1)  # pylint: disable=protected-access
+
+    def _report_dead_server(self, client):
+        print(f"tfdist rank {self.rank}: {client.description} is unreachable "
+              "(connection refused); it has probably died. Stopping this worker.",
+              file=sys.stderr, flush=True)
+
+    def _install_excepthook(self):
+        """When a call to a server fails and training stops, say which server is gone.
+
+        A step blocked on a dead server fails either here (the call errors) or
+        in the watcher (its probes are refused), whichever comes first; both
+        end with the same line naming the server.
+        """
+        previous = sys.excepthook
+
+        def hook(kind, value, traceback):
+            previous(kind, value, traceback)
+            if "parameter server" in str(value) and not self._stop.is_set():
+                self._stop.set()
+                summary = tfdist_assertion(value)
+                if summary:  # the step's own check, as one line after the traceback
+                    print(summary, file=sys.stderr, flush=True)
+                for client in self.clients:
+                    if connection_refused(client.address):
+                        self._report_dead_server(client)
+
+        sys.excepthook = hook
 
     def server_stats(self):
         """Per server: {"pid", "bytes_received", "pieces_received"} since it started (eager)."""
@@ -228,9 +256,16 @@ class ParameterServerAggregator(Aggregator):
         return tf.concat(sums, axis=0) if len(sums) > 1 else sums[0]
 
     def _log_plan(self, plan, flat):
-        key = (flat.shape.num_elements(), flat.dtype)
-        if self.rank == 0 and key not in self._logged_plans:
-            self._logged_plans.add(key)
+        """Print how the gradient buffer is partitioned (on the chief, normally once).
+
+        A step also sums a row count and metric state, a few values each: only
+        a buffer of at least `LOGGED_PLAN_MIN_BYTES` that is larger than every
+        buffer shown before is shown (the gradients of the first model, and
+        of a later, larger one).
+        """
+        nbytes = flat.shape.num_elements() * flat.dtype.size
+        if self.rank == 0 and nbytes >= max(LOGGED_PLAN_MIN_BYTES, self._largest_logged + 1):
+            self._largest_logged = nbytes
             # Printed, not logged: absl hides INFO unless its flags were parsed.
             print(f"tfdist parameter server partition: {flat.shape.num_elements()} "
                   f"{flat.dtype.name} values ({flat.shape.num_elements() * flat.dtype.size / 1e6:.3f}"

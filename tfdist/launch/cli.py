@@ -1,7 +1,7 @@
 """`tfdist-run`: start a multi-process tfdist job on this machine.
 
     tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--horovod]
-               python train.py args...
+               [--verbose] python train.py args...
 
 Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
 each with the environment `tfdist.cluster.discover` reads. Every flag can also
@@ -10,7 +10,9 @@ be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
 ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
 `RingAllReduceStrategy(backend="horovod")`. The exit code is 0 when every rank
 exits 0, otherwise that of the first process to fail (the others are
-terminated and the failing rank is named).
+terminated and the failing rank is named). TensorFlow's start-up notices
+and repeated copies of a warning are left out of the output unless
+`--verbose` (`tfdist.launch.output_filter`).
 """
 
 import argparse
@@ -19,6 +21,7 @@ import sys
 
 from tfdist import cluster as cluster_lib
 from tfdist.launch import horovod_rendezvous
+from tfdist.launch.output_filter import OutputFilter
 from tfdist.launch import ports as ports_lib
 from tfdist.launch import processes
 
@@ -53,6 +56,12 @@ def build_parser():
         "--horovod", action="store_true",
         default=os.environ.get("TFDIST_HOROVOD", "") not in ("", "0"),
         help="also make the ranks a Horovod (Gloo) job, as horovodrun would (env TFDIST_HOROVOD=1)",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true",
+        default=os.environ.get("TFDIST_VERBOSE", "") not in ("", "0"),
+        help="show TensorFlow's start-up notices and every rank's copy of a warning "
+             "(env TFDIST_VERBOSE=1)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
@@ -114,7 +123,7 @@ def main(argv=None):
     except OSError as e:
         print(f"tfdist-run: {e}", file=sys.stderr)
         return 1
-    group = processes.ProcessGroup()
+    group = processes.ProcessGroup(output_filter=OutputFilter(enabled=not args.verbose))
     group.forward_signals()
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
     if args.horovod:

@@ -3,7 +3,8 @@
 Each child runs in its own session (so a signal reaches its whole process
 tree) and asks the kernel to SIGTERM it if the launcher dies, so that no
 orphan outlives `tfdist-run`. Output lines are prefixed with the process's
-label ("[0]", "[1]", ..., "[s0]" for servers).
+label ("[0]", "[1]", ..., "[s0]" for servers) and pass through the job's
+`OutputFilter` (start-up noise and repeated warnings left out).
 """
 
 import ctypes
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from tfdist.launch.output_filter import OutputFilter
 
 _PR_SET_PDEATHSIG = 1
 TERMINATE_GRACE_SECONDS = 10.0
@@ -31,9 +34,10 @@ def die_with_parent():
 class ManagedProcess:
     """One child process whose output is relayed line by line with a label."""
 
-    def __init__(self, label, command, env, output=None):
+    def __init__(self, label, command, env, output=None, output_filter=None):
         self.label = label
         self._output = output or sys.stdout
+        self._keep = (output_filter or OutputFilter(enabled=False)).stream()
         self.popen = subprocess.Popen(
             command,
             env=env,
@@ -48,13 +52,14 @@ class ManagedProcess:
     def _relay_output(self):
         prefix = f"[{self.label}] ".encode()
         out = getattr(self._output, "buffer", None)
-        for line in iter(self.popen.stdout.readline, b""):
-            if out is not None:
-                out.write(prefix + line)
-                out.flush()
-            else:
-                self._output.write((prefix + line).decode(errors="replace"))
-                self._output.flush()
+        for raw in iter(self.popen.stdout.readline, b""):
+            for line in self._keep(raw.decode(errors="replace")):
+                if out is not None:
+                    out.write(prefix + line.encode(errors="replace"))
+                    out.flush()
+                else:
+                    self._output.write(prefix.decode() + line)
+                    self._output.flush()
 
     def finish_relay(self, timeout=5.0):
         self._relay.join(timeout)
@@ -82,13 +87,15 @@ def exit_code_of(returncode):
 class ProcessGroup:
     """All processes of a job; the job fails as soon as any process fails."""
 
-    def __init__(self, log=None):
+    def __init__(self, log=None, output_filter=None):
         self.processes = []
+        self._output_filter = output_filter
         self._log = log or (lambda msg: print(f"tfdist-run: {msg}", file=sys.stderr, flush=True))
         self._stop_signal = None
 
     def start(self, label, command, env):
-        self.processes.append(ManagedProcess(label, command, env))
+        self.processes.append(ManagedProcess(label, command, env,
+                                             output_filter=self._output_filter))
 
     def forward_signals(self):
         """Relay SIGINT/SIGTERM to every child instead of dying silently."""

@@ -8,7 +8,9 @@ would expect it, without changes to their script:
   them); `BackupAndRestore` still restores on every rank but only the chief
   writes and deletes backups;
 * `Model.save` / `Model.save_weights` are no-ops on non-chief ranks (every
-  rank holds the same weights; one writer avoids clobbered files);
+  rank holds the same weights; one writer avoids clobbered files), and the
+  chief's saves and `BackupAndRestore` backups replace their files
+  atomically (`checkpoint_files`): a process killed mid-save leaves no torn file;
 * `jit_compile` is turned off for multi-process models (XLA cannot compile
   the cross-process collectives inside the step);
 * every call of the compiled train/test/predict step is bounded by the job
@@ -21,6 +23,7 @@ These apply only to models built under a tfdist strategy on a non-chief
 rank; everything else is untouched. `install()` is idempotent.
 """
 
+import functools
 import inspect
 import sys
 import weakref
@@ -43,6 +46,7 @@ from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 from tfdist import _tf
 from tfdist.strategies import replica_step
+from tfdist.strategies.checkpoint_files import save_backup, save_model_atomically
 
 _installed = False
 _latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
@@ -184,6 +188,14 @@ def _restore_only(callback):
     callback._save_model = lambda *args, **kwargs: None  # pylint: disable=protected-access
     callback.on_train_end = lambda logs=None: None
     return callback
+
+
+def _with_atomic_backups(callbacks):
+    """The chief's BackupAndRestore callbacks write their files atomically (`checkpoint_files`)."""
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            callback._save_model = functools.partial(  # pylint: disable=protected-access
+                save_backup, callback)
 
 
 def _for_non_chief(callbacks):
@@ -418,6 +430,8 @@ def install():
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks)
             add_progbar = False
+        elif model is not None and tfdist_strategy(model) is not None:
+            _with_atomic_backups(callbacks)
         callback_list_init(self, callbacks, add_history=add_history,
                            add_progbar=add_progbar, model=model, **params)
 
@@ -445,6 +459,8 @@ def install():
                     logging.INFO, "tfdist: Model.%s skipped on non-chief rank", 1, _name
                 )
                 return None
+            if tfdist_strategy(self) is not None:
+                return save_model_atomically(_original, self, *args, **kwargs)
             return _original(self, *args, **kwargs)
 
         setattr(keras.Model, method_name, chief_only)

@@ -1,0 +1,163 @@
+"""The kill matrix: SIGKILL one process of a job at a chosen moment; the rest must fail cleanly.
+
+For each case a real job runs tests/scripts/kill_target.py; when the victim
+announces the phase (start-up, mid-training, during `evaluate`, while the
+chief writes a checkpoint) the test SIGKILLs it. Then:
+
+* every surviving process exits non-zero within the ceiling, and the output
+  names the dead process (the launcher's line, or the survivor's own
+  message when there is no launcher);
+* no process of the job is left behind;
+* the checkpoint, if one was written, loads (never a torn file).
+
+Killing `tfdist-run` itself ends its processes (the kernel SIGTERMs them);
+they have no terminal left to explain it to, so only "nothing left behind"
+is checked. The fast cases run in `make test`, the rest in `make test-all`.
+"""
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import keras
+import pytest
+
+from conftest import script, start_job, tf_config_job
+
+RUN_TIMEOUT = 60  # the job's timeout: every survivor must give up by itself before the ceiling
+CEILING = 240     # seconds a case may take in all on a busy machine
+MARKER = re.compile(r"tfdist-kill (rank \d+|server \d+) pid (\d+) phase (\w+)")
+
+# name: (launcher, workers, servers, strategy arguments, victim, phase, expected message)
+CASES = {
+    "worker-mid-step": ("tfdist-run", 2, 0, ["--strategy", "ring"], "rank 1", "train",
+                        "rank 1 exited with code 137"),
+    "chief-during-save": ("tfdist-run", 2, 0, ["--strategy", "ring"], "rank 0", "save",
+                          "rank 0 exited with code 137"),
+    "worker-during-evaluate-tf-config": ("tf-config", 2, 0, ["--strategy", "ring"], "rank 1",
+                                         "evaluate", "peer rank 1 ("),
+    "server-mid-step": ("tfdist-run", 2, 1, ["--strategy", "ps"], "server 0", "train",
+                        "server 0 exited with code 137"),
+    "launcher-mid-step": ("tfdist-run", 2, 0, ["--strategy", "ring"], "launcher", "train", None),
+    # make test-all
+    "worker-at-start-up": ("tfdist-run", 2, 0, ["--strategy", "ring"], "rank 1", "start",
+                           "rank 1 exited with code 137"),
+    "chief-mid-step-tf-config": ("tf-config", 3, 0, ["--strategy", "ring"], "rank 0", "train",
+                                 "peer rank 0 ("),
+    "tree-inner-node-during-evaluate": ("tfdist-run", 4, 0, ["--strategy", "tree"], "rank 1",
+                                        "evaluate", "rank 1 exited with code 137"),
+    "server-during-evaluate-tf-config": ("tf-config", 2, 1, ["--strategy", "ps"], "server 0",
+                                         "evaluate", "parameter server 0 ("),
+    "ps-worker-mid-step-tf-config": ("tf-config", 2, 1, ["--strategy", "ps"], "rank 1", "train",
+                                     "stopped because worker rank 1 is gone"),
+    "horovod-worker-mid-step": ("horovodrun", 2, 0, ["--backend", "horovod"], "rank 1", "train",
+                                "Process 1 exit with status code 137"),
+    "horovod-chief-during-save": ("horovodrun", 2, 0, ["--backend", "horovod"], "rank 0", "save",
+                                  "Process 0 exit with status code 137"),
+}
+FAST = ("worker-mid-step", "chief-during-save", "worker-during-evaluate-tf-config",
+        "server-mid-step", "launcher-mid-step")
+
+
+class Job:
+    """The processes of one case and their merged output, read line by line."""
+
+    def __init__(self, launcher, workers, servers, args):
+        self.output = []
+        if launcher == "tf-config":
+            procs, self.workers, self.servers = tf_config_job(
+                list(range(workers)), workers, args, RUN_TIMEOUT, num_servers=servers)
+            self.processes = list(procs.values())
+            self.streams = list(procs.values())
+        else:
+            extra = ["--num-servers", str(servers)] if servers else None
+            self.processes = [start_job(launcher, workers, args, RUN_TIMEOUT, extra)]
+            self.streams = self.processes
+        self.launcher_pid = self.processes[0].pid if launcher != "tf-config" else None
+
+    def lines(self):
+        """Output lines of all processes as they come (a reader thread per stream)."""
+        lines = queue.Queue()
+
+        def read(stream):
+            for line in stream:
+                lines.put(line)
+            lines.put(None)
+
+        for proc in self.streams:
+            threading.Thread(target=read, args=(proc.stdout,), daemon=True).start()
+        open_streams = len(self.streams)
+        deadline = time.monotonic() + CEILING
+        while open_streams and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if line is None:
+                open_streams -= 1
+                continue
+            self.output.append(line)
+            yield line
+
+    def wait(self):
+        deadline = time.monotonic() + CEILING
+        for proc in self.processes:
+            try:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [proc.returncode for proc in self.processes]
+
+    def kill_all(self):
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def survivors(tag, ceiling=60.0):
+    """Command lines of this case's processes still running once `ceiling` seconds passed."""
+    deadline = time.monotonic() + ceiling
+    while True:
+        found = subprocess.run(["pgrep", "-af", tag], capture_output=True, text=True).stdout
+        found = [line for line in found.splitlines() if "pgrep" not in line]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("case", [
+    name if name in FAST else pytest.param(name, marks=pytest.mark.slow) for name in CASES])
+def test_sigkill_fails_the_job_cleanly(tmp_path, case):
+    launcher, workers, servers, strategy_args, victim, phase, message = CASES[case]
+    args = [script("kill_target.py"), str(tmp_path)] + strategy_args
+    job = Job(launcher, workers, servers, args)
+    pids, killed = {}, None
+    try:
+        # A server or the launcher is killed when rank 0 reaches the phase.
+        trigger = "rank 0" if victim == "launcher" or victim.startswith("server") else victim
+        for line in job.lines():
+            match = MARKER.search(line)
+            if not match:
+                continue
+            who, pid, reached = match.group(1), int(match.group(2)), match.group(3)
+            pids[who] = pid
+            if killed is None and who == trigger and reached == phase:
+                killed = job.launcher_pid if victim == "launcher" else pids[victim]
+                os.kill(killed, signal.SIGKILL)
+        codes = job.wait()
+    finally:
+        job.kill_all()
+    output = "".join(job.output)
+    assert killed is not None, f"{victim} never reached {phase}:\n{output[-3000:]}"
+    assert all(code not in (0, None) for code in codes), (codes, output[-3000:])
+    assert not re.search(r"(rank|server) \d+ finished", output), output[-3000:]
+    if message:
+        assert message in output, output[-4000:]
+    assert not survivors(str(tmp_path)), f"left behind: {survivors(str(tmp_path), 0)}"
+    checkpoint = tmp_path / "ckpt.keras"
+    if checkpoint.exists():
+        keras.saving.load_model(checkpoint, compile=False)  # a torn file fails to load

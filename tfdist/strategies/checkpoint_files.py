@@ -1,0 +1,128 @@
+"""Checkpoint files that are never torn: write to a temporary name, then rename.
+
+Keras writes a `.keras` or `.weights.h5` file in place, so a process killed
+while saving (a preempted machine, a dead peer's launcher killing the job)
+leaves a truncated file that cannot be loaded - and `BackupAndRestore` then
+has nothing to resume from. Under a tfdist strategy the chief therefore
+writes every such file as `.<name>.<pid>.tmp<ext>` in the same directory and
+renames it over the target with `os.replace`, which POSIX makes atomic: a
+reader sees the previous complete file or the new complete file, never a
+part of one. The extension is kept at the end of the temporary name because
+Keras chooses the format from it.
+
+`BackupAndRestore` also keeps a small JSON file with the epoch and batch of
+its backup, written by Keras after the weights (a torn one fails the resume,
+and one that lags the weights repeats an epoch). `save_backup` writes both
+files to temporary names first and renames them back to back, weights first,
+so the pair on disk is consistent except for the microseconds between two
+renames.
+
+Cost: the same bytes written once, plus one rename per file.
+"""
+
+import glob
+import json
+import os
+
+from keras.src.utils import file_utils
+
+
+def _is_local(path):
+    return "://" not in path  # gs://, s3://, hdfs://: the filesystem's own semantics apply
+
+
+def _temporary_name(path):
+    directory, name = os.path.split(path)
+    extension = ".weights.h5" if name.endswith(".weights.h5") else os.path.splitext(name)[1]
+    return os.path.join(directory, f".{name}.{os.getpid()}.tmp{extension}")
+
+
+def _remove_leftovers(path):
+    """Remove temporary files of `path` left by writers that were killed mid-save."""
+    directory, name = os.path.split(path)
+    for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp*")):
+        pid = leftover[len(os.path.join(directory, f".{name}.")):].split(".", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            try:
+                os.remove(leftover)
+            except FileNotFoundError:
+                pass
+
+
+def _process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_atomically(write, path):
+    """Call `write(temporary_path)`, then rename the result to `path` (atomic, local files).
+
+    Non-local paths are written in place. If `write` fails, `path` is untouched
+    and the temporary file is removed; temporary files of killed writers
+    are removed by the next write of the same path.
+    """
+    path = os.fspath(path)
+    if not _is_local(path):
+        return write(path)
+    _remove_leftovers(path)
+    temporary = _temporary_name(path)
+    try:
+        result = write(temporary)
+        os.replace(temporary, path)
+        return result
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def save_model_atomically(save, model, filepath, *args, **kwargs):
+    """`Model.save` / `Model.save_weights` (the original `save`) without a torn file.
+
+    Saves Keras does not write as one file (a directory with `zipped=False`,
+    sharded weights) and saves that may ask before overwriting
+    (`overwrite=False` with an existing file) are passed through unchanged.
+    """
+    path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+    single_file = (kwargs.get("zipped", True) is not False
+                   and kwargs.get("max_shard_size") is None)
+    asks = kwargs.get("overwrite", True) is False and path is not None and os.path.exists(path)
+    if path is None or args or not single_file or asks:
+        return save(model, filepath, *args, **kwargs)
+    return write_atomically(lambda temporary: save(model, temporary, **kwargs), path)
+
+
+def save_backup(callback):
+    """`BackupAndRestore._save_model` with both of its files replaced atomically, weights first."""
+    # pylint: disable=protected-access
+    if not file_utils.exists(callback.backup_dir):
+        file_utils.makedirs(callback.backup_dir)
+    weights, metadata = callback._weights_path, callback._training_metadata_path
+    if callback.double_checkpoint:
+        for current, previous in ((weights, callback._prev_weights_path),
+                                  (metadata, callback._prev_training_metadata_path)):
+            if file_utils.exists(current):
+                write_atomically(lambda temporary, src=current: file_utils.copy(src, temporary),
+                                 previous)
+    if not (_is_local(weights) and _is_local(metadata)):
+        callback.model.save_weights(filepath=weights, overwrite=True)
+        with file_utils.File(metadata, "w") as f:
+            f.write(json.dumps({"epoch": callback._current_epoch,
+                                "batch": callback._last_batch_seen}))
+        return
+    weights_temporary, metadata_temporary = _temporary_name(weights), _temporary_name(metadata)
+    try:
+        # Both files are complete under their temporary names before either is renamed.
+        callback.model.save_weights(filepath=weights_temporary, overwrite=True)
+        with open(metadata_temporary, "w", encoding="utf-8") as f:
+            json.dump({"epoch": callback._current_epoch, "batch": callback._last_batch_seen}, f)
+        os.replace(weights_temporary, weights)
+        os.replace(metadata_temporary, metadata)
+    finally:
+        for temporary in (weights_temporary, metadata_temporary):
+            if os.path.exists(temporary):
+                os.remove(temporary)
