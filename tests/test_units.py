@@ -71,3 +71,10 @@ def test_unknown_compression_is_a_clear_error():
     with pytest.raises(ValueError, match="compression must be one of.*Got: 'int8'"):
         get_compression("int8")
     assert get_compression(None).name == "none"
+
+
+def test_a_dataset_of_single_examples_is_a_one_line_error():
+    examples = tf.data.Dataset.from_tensor_slices((np.zeros((6, 3), "float32"), np.arange(6)))
+    with pytest.raises(ValueError, match=r"component 1 is a scalar.*call \.batch"):
+        shard_global_batch(examples, 0, 2)
+    shard_global_batch(examples.batch(4), 0, 2)  # batched: fine

@@ -27,6 +27,38 @@ def batch_rows(batch):
     raise ValueError("tfdist cannot shard a dataset element with no tensor in it.")
 
 
+def _check_batched(element_spec):
+    """Fail at `fit()` start, in one line, on a dataset whose elements are not batches.
+
+    Every tensor of a batch has the batch as its first dimension, so a scalar
+    component means the dataset yields single examples (`.batch()` missing):
+    slicing it would fail deep inside tf.data, or split features across ranks.
+    """
+    for path, spec in _flatten_with_paths(element_spec):
+        shape = getattr(spec, "shape", None)
+        if shape is not None and shape.rank == 0:
+            raise ValueError(
+                f"tfdist: dataset element component {path} is a scalar, so the dataset yields "
+                "single examples, not batches; call .batch(global_batch_size) on it before "
+                "fit/evaluate/predict (tfdist gives each process its slice of every batch).")
+
+
+def _flatten_with_paths(structure):
+    """(path, spec) of each component: "1" for the second of a tuple, "x/a" in dicts."""
+    if isinstance(structure, dict):
+        items = structure.items()
+    elif isinstance(structure, (tuple, list)):
+        items = enumerate(structure)
+    else:
+        return [] if isinstance(structure, tf.OptionalSpec) else [("0", structure)]
+    flat = []
+    for key, value in items:
+        for path, spec in _flatten_with_paths(value):
+            inner = "" if path == "0" and not isinstance(value, (dict, tuple, list)) else f"/{path}"
+            flat.append((f"{key}{inner}", spec))
+    return flat
+
+
 def shard_global_batch(dataset, rank, world_size):
     """Give rank `rank` its contiguous slice of every batch of `dataset`.
 
@@ -45,6 +77,7 @@ def shard_global_batch(dataset, rank, world_size):
     """
     if world_size == 1:
         return dataset
+    _check_batched(dataset.element_spec)
 
     def take_slice(*components):  # tf.data unpacks a tuple element into arguments
         batch = components if len(components) > 1 else components[0]
