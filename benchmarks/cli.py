@@ -2,7 +2,7 @@
 
     tfdist-bench                      # everything
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
-                                      # large_batch
+                                      # large_batch, sparse, patterns
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import large_batch
+from benchmarks import keras_patterns_report, large_batch
 from benchmarks.plotting import RESULTS, plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
 from benchmarks.tree_report import plot_tree_vs_ring, tree_analysis
@@ -229,9 +229,34 @@ def run_ps(tmp):
     return result
 
 
+SPARSE_VOCABULARIES = (20_000, 200_000)
+
+
+def run_sparse(tmp):
+    rows = launch_rows(tmp, "sparse_gradients.py", [(np_, []) for np_ in (2, 3)],
+                       args=[",".join(map(str, SPARSE_VOCABULARIES))])
+    result = {
+        "environment": environment(),
+        "summary": {f"P{r['processes']}_vocab{r['vocabulary']}": {
+            "dense_over_sparse_bytes": round(r["dense_over_sparse_bytes"], 2),
+            "dense_over_sparse_step_time": round(r["dense_over_sparse_step_time"], 2),
+            "max_weight_difference": r["max_weight_difference"]} for r in rows},
+        "runs": rows,
+        "description": "Embedding(vocab, 64) text model with Adam, global batch 256 x 16 tokens, "
+                       "ring on TF collectives: Keras' train_step (embedding gradient stays "
+                       "IndexedSlices; tfdist all-gathers the (index, value) pairs) vs the same "
+                       "step with the gradient made dense (all-reduced). Per step: median time "
+                       "and bytes on the loopback interface (all processes are on this host); "
+                       "max_weight_difference compares the two runs' final weights.",
+    }
+    write("sparse_gradients.json", result)
+    return result
+
+
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "compression": run_compression, "tree": run_tree, "ps": run_ps,
-         "large_batch": large_batch.run}
+         "large_batch": large_batch.run, "sparse": run_sparse,
+         "patterns": lambda tmp: keras_patterns_report.main([])}
 
 
 def main(argv=None):

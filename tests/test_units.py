@@ -78,3 +78,14 @@ def test_a_dataset_of_single_examples_is_a_one_line_error():
     with pytest.raises(ValueError, match=r"component 1 is a scalar.*call \.batch"):
         shard_global_batch(examples, 0, 2)
     shard_global_batch(examples.batch(4), 0, 2)  # batched: fine
+
+
+def test_this_process_slice_and_its_transformations_are_not_sliced_again():
+    from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
+
+    batches = tf.data.Dataset.from_tensor_slices(np.arange(12.0)).batch(4)
+    local = LocalSliceDataset(shard_global_batch(batches, 1, 2))
+    assert [b.tolist() for b in local.as_numpy_iterator()] == [[2, 3], [6, 7], [10, 11]]
+    assert derives_from_local_slice(local)
+    assert derives_from_local_slice(local.map(lambda b: (b, tf.ones_like(b))).prefetch(1))
+    assert not derives_from_local_slice(batches.map(lambda b: b))

@@ -32,7 +32,7 @@ from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_hooks
 from tfdist.strategies import replica_step
-from tfdist.strategies.local_input import LocalSliceDataset
+from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, shard_global_batch
@@ -222,8 +222,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         which a one-device process does not create; they are ignored.
         """
         del options
-        if isinstance(dataset, LocalSliceDataset):
-            return dataset  # distributed already (a user's call before model.fit)
+        if derives_from_local_slice(dataset):
+            # Distributed already (a user's call before model.fit, perhaps mapped by Keras).
+            return dataset if isinstance(dataset, LocalSliceDataset) else LocalSliceDataset(dataset)
         cluster = self._cluster
         policy = dataset.options().experimental_distribute.auto_shard_policy
         if cluster.world_size > 1 and policy == tf.data.experimental.AutoShardPolicy.FILE:

@@ -37,3 +37,23 @@ class LocalSliceDataset(_tf.UnaryUnchangedStructureDataset):
     def __init__(self, dataset):
         self._local_dataset = dataset
         super().__init__(dataset, dataset._variant_tensor)  # pylint: disable=protected-access
+
+
+def derives_from_local_slice(dataset):
+    """True if `dataset` is a `LocalSliceDataset` or a transformation of one.
+
+    Keras maps a dataset it is given (`class_weight` adds a weight per
+    example): the result of mapping this process's slice is still this
+    process's input and must not be sliced again.
+    """
+    pending, seen = [dataset], set()
+    while pending:
+        current = pending.pop()
+        if isinstance(current, LocalSliceDataset):
+            return True
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        inputs = getattr(current, "_inputs", None)
+        pending.extend(inputs() if callable(inputs) else [])
+    return False

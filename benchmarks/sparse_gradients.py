@@ -1,0 +1,128 @@
+"""Worker script (run under tfdist-run): embedding gradients kept sparse vs made dense.
+
+Usage: python sparse_gradients.py OUT.json VOCAB[,VOCAB...]
+
+A text classifier (Embedding(VOCAB, 64) -> mean pooling -> Dense(1), Adam),
+global batches of 256 sequences of 16 token ids, trained twice from the same
+start in the same processes:
+
+* "sparse": Keras' own `train_step`. The embedding gradient is an
+  `IndexedSlices` of at most 256 x 16 rows; tfdist all-gathers every rank's
+  (index, value) pairs, so the bytes grow with the batch, not the vocabulary;
+* "dense": the same step with the embedding gradient converted to a dense
+  VOCAB x 64 tensor before `optimizer.apply` (what a strategy that cannot
+  gather would all-reduce), so the bytes grow with the vocabulary.
+
+For each, rank 0 records the median step time (the first epoch, tracing and
+warm-up, is left out) and the loopback interface's bytes per step (every
+process of the job is on this host, so that is all of the job's traffic),
+plus the largest difference between the two runs' final weights. Read the
+ratios dense/sparse, measured in the same run.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfdist  # noqa: E402
+
+DIM, SEQUENCE, BATCH, STEPS, EPOCHS = 64, 16, 256, 8, 3
+
+
+def loopback_bytes():
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[0])
+    raise RuntimeError("no loopback interface in /proc/net/dev")
+
+
+class DenseEmbeddingGradients(keras.Sequential):
+    """Keras' train_step, except that every gradient reaches the optimizer dense."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        gradients = [tf.convert_to_tensor(g) for g in
+                     tape.gradient(self.optimizer.scale_loss(loss), self.trainable_weights)]
+        self.optimizer.apply(gradients, self.trainable_weights)
+        return {"loss": loss}
+
+
+class StepMeter(keras.callbacks.Callback):
+    """Step times and loopback bytes of every epoch after the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.times, self.epoch, self.bytes, self.steps = [], 0, 0, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self.epoch_start_bytes = loopback_bytes()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch > 0:
+            self.times.append(time.perf_counter() - self.start)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch > 0:
+            self.bytes += loopback_bytes() - self.epoch_start_bytes
+            self.steps += STEPS
+
+
+def train(strategy, mode, vocab, x, y):
+    keras.utils.set_random_seed(0)
+    cls = DenseEmbeddingGradients if mode == "dense" else keras.Sequential
+    with strategy.scope():
+        model = cls([keras.Input((SEQUENCE,), dtype="int32"), keras.layers.Embedding(vocab, DIM),
+                     keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    meter = StepMeter()
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[meter])
+    return model.get_weights(), {
+        "median_step_ms": 1e3 * statistics.median(meter.times),
+        "loopback_bytes_per_step": meter.bytes / meter.steps,
+    }
+
+
+def main():
+    out, vocabs = sys.argv[1], [int(v) for v in sys.argv[2].split(",")]
+    strategy = tfdist.strategies.RingAllReduceStrategy()
+    rows = []
+    for vocab in vocabs:
+        rng = np.random.default_rng(vocab)
+        x = rng.integers(0, vocab, size=(BATCH * STEPS, SEQUENCE)).astype("int32")
+        y = rng.normal(size=(BATCH * STEPS, 1)).astype("float32")
+        sparse_weights, sparse = train(strategy, "sparse", vocab, x, y)
+        dense_weights, dense = train(strategy, "dense", vocab, x, y)
+        rows.append({
+            "processes": strategy.world_size, "vocabulary": vocab, "embedding_dim": DIM,
+            "global_batch": BATCH, "tokens_per_batch": BATCH * SEQUENCE,
+            "dense_gradient_bytes": vocab * DIM * 4, "sparse": sparse, "dense": dense,
+            "dense_over_sparse_bytes": dense["loopback_bytes_per_step"]
+            / sparse["loopback_bytes_per_step"],
+            "dense_over_sparse_step_time": dense["median_step_ms"] / sparse["median_step_ms"],
+            "max_weight_difference": max(float(np.max(np.abs(a - b)))
+                                         for a, b in zip(sparse_weights, dense_weights)),
+        })
+    if strategy.is_chief:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
