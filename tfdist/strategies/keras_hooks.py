@@ -387,15 +387,20 @@ def _install_generator_without_prefetch():
     prefetch thread pulls batches from the shared generator for as long as
     it lives - how many depends on timing, so ranks would train on slices of
     different batches. Under a multi-process strategy the pipeline is used
-    without that prefetch (each iterator then takes exactly what it is asked
-    for; the peeked batches are replayed, as Keras intends).
+    without that prefetch and with tf.data's autotuning off (which otherwise
+    reads ahead: `from_generator` pulls one element more than it is asked
+    for, two behind a `map`), so each iterator takes exactly what it is asked
+    for and the peeked batches are replayed, as Keras intends. A pipeline fed
+    by a Python generator is bound by Python; nothing is lost.
     """
     get_tf_dataset = GeneratorDataAdapter.get_tf_dataset
+    exact = tf.data.Options()
+    exact.autotune.enabled = False
 
     def without_prefetch(self):
         dataset = get_tf_dataset(self)
         if _multi_process[0] and hasattr(dataset, "_input_dataset"):
-            return dataset._input_dataset  # pylint: disable=protected-access
+            return dataset._input_dataset.with_options(exact)  # pylint: disable=protected-access
         return dataset
 
     GeneratorDataAdapter.get_tf_dataset = without_prefetch
