@@ -6,9 +6,10 @@ A text classifier (Embedding(VOCAB, 64) -> mean pooling -> Dense(1), Adam),
 global batches of 256 sequences of 16 token ids, trained twice from the same
 start in the same processes:
 
-* "sparse": Keras' own `train_step`. The embedding gradient is an
-  `IndexedSlices` of at most 256 x 16 rows; tfdist all-gathers every rank's
-  (index, value) pairs, so the bytes grow with the batch, not the vocabulary;
+* "sparse": keras.io's custom `train_step` (tape, `optimizer.apply`). The
+  embedding gradient is an `IndexedSlices` of at most 256 x 16 rows; tfdist
+  all-gathers every rank's (index, value) pairs, so the bytes grow with the
+  batch, not the vocabulary;
 * "dense": the same step with the embedding gradient converted to a dense
   VOCAB x 64 tensor before `optimizer.apply` (what a strategy that cannot
   gather would all-reduce), so the bytes grow with the vocabulary.
@@ -46,15 +47,30 @@ def loopback_bytes():
     raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
-class DenseEmbeddingGradients(keras.Sequential):
-    """Keras' train_step, except that every gradient reaches the optimizer dense."""
+class TextModel(keras.Model):
+    """Embedding -> mean pooling -> Dense, with keras.io's custom train_step.
+
+    `densify`: convert every gradient to a dense tensor before `optimizer.apply`.
+    """
+
+    def __init__(self, vocab, densify):
+        super().__init__()
+        self.densify = densify
+        self.embedding = keras.layers.Embedding(vocab, DIM)
+        self.pooling = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(1)
+
+    def call(self, tokens):
+        return self.head(self.pooling(self.embedding(tokens)))
 
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
             loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
-        gradients = [tf.convert_to_tensor(g) for g in
-                     tape.gradient(self.optimizer.scale_loss(loss), self.trainable_weights)]
+            scaled_loss = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled_loss, self.trainable_weights)
+        if self.densify:
+            gradients = [tf.convert_to_tensor(g) for g in gradients]
         self.optimizer.apply(gradients, self.trainable_weights)
         return {"loss": loss}
 
@@ -85,10 +101,9 @@ class StepMeter(keras.callbacks.Callback):
 
 def train(strategy, mode, vocab, x, y):
     keras.utils.set_random_seed(0)
-    cls = DenseEmbeddingGradients if mode == "dense" else keras.Sequential
     with strategy.scope():
-        model = cls([keras.Input((SEQUENCE,), dtype="int32"), keras.layers.Embedding(vocab, DIM),
-                     keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model = TextModel(vocab, densify=mode == "dense")
+        model(x[:1])  # build
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     meter = StepMeter()
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,

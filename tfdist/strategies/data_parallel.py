@@ -136,7 +136,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return self._aggregator.all_reduce(values)
 
     def _all_reduce(self, reduce_op, values, compression):
-        if self._aggregator is None:
+        if self._aggregator is None or not values:
             return list(values)
         wire, contexts = zip(*[compression.compress(tf.convert_to_tensor(v)) for v in values])
         summed = [compression.decompress(s, c)
