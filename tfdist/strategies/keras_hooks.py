@@ -19,8 +19,9 @@ would expect it, without changes to their script:
   callbacks can read the global batch size `fit` received
   (`latest_data_batch_size`).
 
-These apply only to models built under a tfdist strategy on a non-chief
-rank; everything else is untouched. `install()` is idempotent.
+These apply only to models built under a tfdist strategy (the chief-only
+rules on non-chief ranks); everything else is untouched. `install()` is
+idempotent.
 """
 
 import functools
