@@ -3,7 +3,8 @@
 Every synchronous strategy: a SIGKILL of one worker mid-epoch fails the whole
 job with a message naming the dead rank, leaves no process behind, and the
 same command run again resumes from `BackupAndRestore`'s last backup and
-finishes with the weights of an uninterrupted run.
+finishes with the weights of an uninterrupted run - also when only the chief
+can see the backup (no shared filesystem).
 """
 
 import os
@@ -24,8 +25,11 @@ CONFIGURATIONS = {
     "ps-dedicated": ("tfdist-run", 2, ["--strategy", "ps"], ["--num-servers", "1"]),
     "tree": ("tfdist-run", 3, ["--strategy", "tree"], None),
     "ring-horovod": ("horovodrun", 2, ["--strategy", "ring", "--backend", "horovod"], None),
+    # Only the chief's backup directory has files: it restores and the others follow it.
+    "no-shared-filesystem": ("tfdist-run", 3, ["--strategy", "ring", "--no-shared-filesystem"],
+                             None),
 }
-FAST = ("ring-collective", "ps-dedicated")
+FAST = ("ring-collective", "ps-dedicated", "no-shared-filesystem")
 
 
 def run_to_completion(kind, world, args, launcher):

@@ -1,6 +1,7 @@
 """Worker script for the resume tests: a job that backs up every epoch and can be rerun.
 
     python resume_job.py OUT BACKUP_DIR [--strategy ring|tree|ps] [--backend auto|horovod]
+                         [--no-shared-filesystem]
 
 Trains a small model with Adam for 5 epochs of 8 steps under
 `keras.callbacks.BackupAndRestore(BACKUP_DIR)`, 0.05 s per step, printing
@@ -47,6 +48,9 @@ def main():
     parser.add_argument("backup_dir")
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--no-shared-filesystem", action="store_true",
+                        help="each rank backs up under BACKUP_DIR/rank<R>, so only the chief's "
+                             "directory has files (as on machines without a shared filesystem)")
     args = parser.parse_args()
     strategy = STRATEGIES[args.strategy](args)
     keras.utils.set_random_seed(5)
@@ -57,8 +61,11 @@ def main():
         model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(2)])
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    backup_dir = args.backup_dir
+    if args.no_shared_filesystem:
+        backup_dir = os.path.join(backup_dir, f"rank{strategy.rank}")
     history = model.fit(x, y, batch_size=32, epochs=EPOCHS, shuffle=False, verbose=0,
-                        callbacks=[keras.callbacks.BackupAndRestore(args.backup_dir),
+                        callbacks=[keras.callbacks.BackupAndRestore(backup_dir),
                                    Announce(strategy.rank)])
     np.savez(f"{args.out}.rank{strategy.rank}.npz", *model.get_weights(),
              epochs_run=np.array(len(history.history["loss"])),

@@ -5,8 +5,8 @@ would expect it, without changes to their script:
 
 * non-chief ranks get no progress bar, and their `TensorBoard`,
   `ModelCheckpoint` and `CSVLogger` callbacks are dropped (the chief writes
-  them); `BackupAndRestore` still restores on every rank but only the chief
-  writes and deletes backups;
+  them); `BackupAndRestore` writes, deletes and reads backups on the chief
+  only, and the state it restored is broadcast to every rank;
 * `Model.save` / `Model.save_weights` are no-ops on non-chief ranks (every
   rank holds the same weights; one writer avoids clobbered files), and the
   chief's saves and `BackupAndRestore` backups replace their files
@@ -44,6 +44,7 @@ from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.trainers import trainer as keras_trainer_module
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+from keras.src.utils import file_utils
 
 from tfdist import _tf
 from tfdist.strategies import replica_step
@@ -63,6 +64,11 @@ def tfdist_strategy(model):
     """The tfdist strategy `model` was built under, or None."""
     strategy = getattr(model, "_distribute_strategy", None)
     return strategy if hasattr(strategy, "world_size") and hasattr(strategy, "is_chief") else None
+
+
+def _is_multi_process(model):
+    strategy = tfdist_strategy(model)
+    return strategy is not None and strategy.world_size > 1
 
 
 def is_non_chief_model(model):
@@ -185,7 +191,7 @@ def is_predict_step(fn):
 
 
 def _restore_only(callback):
-    """BackupAndRestore for a non-chief rank: restore, never write or delete."""
+    """BackupAndRestore for a non-chief rank: never write or delete (the chief restores)."""
     callback._save_model = lambda *args, **kwargs: None  # pylint: disable=protected-access
     callback.on_train_end = lambda logs=None: None
     return callback
@@ -197,6 +203,45 @@ def _with_atomic_backups(callbacks):
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             callback._save_model = functools.partial(  # pylint: disable=protected-access
                 save_backup, callback)
+
+
+def _restored_by_the_chief(callbacks, strategy):
+    """BackupAndRestore in a multi-process job: the chief restores, every rank gets its state.
+
+    Only the chief reads the backup: on several machines without a shared
+    filesystem the other ranks do not see its files, and a rank that resumed
+    from nothing would train out of step with the chief. After the chief's
+    restore, one broadcast says whether it restored and from which epoch;
+    if it did, the model's weights and the optimizer's state follow from
+    rank 0 (one broadcast per variable, once per `fit`).
+    """
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and not getattr(
+                callback, "_tfdist_restores_on_chief", False):
+            callback._tfdist_restores_on_chief = True  # pylint: disable=protected-access
+            restore = callback.on_train_begin
+            callback.on_train_begin = functools.partial(_restore_then_broadcast, callback,
+                                                        restore, strategy)
+
+
+def _restore_then_broadcast(callback, restore, strategy, logs=None):
+    # pylint: disable=protected-access
+    model = callback.model
+    restored = False
+    if strategy.is_chief:
+        restored = file_utils.exists(callback._weights_path)
+        restore(logs)
+    communicator = strategy.extended.communicator
+    state = communicator.broadcast(
+        tf.constant([int(restored), model._initial_epoch or 0], tf.int64)).numpy()
+    if not state[0]:
+        return
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    variables = list(model.weights) + list(model.optimizer.variables if model.optimizer else [])
+    for variable in variables:
+        variable.assign(communicator.broadcast(variable.value))
+    model._initial_epoch = int(state[1]) or None
 
 
 def _for_non_chief(callbacks):
@@ -438,6 +483,8 @@ def install():
             add_progbar = False
         elif model is not None and tfdist_strategy(model) is not None:
             _with_atomic_backups(callbacks)
+        if model is not None and _is_multi_process(model):
+            _restored_by_the_chief(callbacks, tfdist_strategy(model))
         callback_list_init(self, callbacks, add_history=add_history,
                            add_progbar=add_progbar, model=model, **params)
 
