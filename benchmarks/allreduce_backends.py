@@ -39,7 +39,7 @@ def main():
               {"tfdist_horovod_over_raw": ("tfdist_horovod", "raw_horovod"),
                "tfdist_horovod_16_over_raw_16": ("tfdist_horovod_16", "raw_horovod_16"),
                "collective_over_horovod": ("tfdist_collective", "tfdist_horovod")},
-              horovod.rank, world, engine=horovod.engine)
+              horovod.rank, world, engine=horovod.transport)
 
 
 if __name__ == "__main__":

@@ -9,56 +9,18 @@ machines are shared and noisy, so read the ratios, not the absolute times.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 
 from benchmarks import keras_patterns_report, large_batch
-from benchmarks.plotting import RESULTS, plot_bus_bandwidth
+from benchmarks.harness import HERE, launch, launch_rows, write_result
+from benchmarks.plotting import plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
 from benchmarks.tree_report import plot_tree_vs_ring, tree_analysis
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def environment():
-    import tensorflow as tf
-    import keras
-
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "transport": "loopback",
-    }
-
-
-def launch(np_, worker, args, flags=()):
-    """Run `worker` under tfdist-run with np_ processes; fail loudly."""
-    command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_), *flags, sys.executable,
-               os.path.join(HERE, worker)] + [str(a) for a in args]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    print("$", " ".join(command[2:]), flush=True)
-    subprocess.run(command, env=env, check=True)
-
-
-def launch_rows(tmp, worker, launches, args=()):
-    """Run `worker` once per (processes, launcher flags); return all the rows it wrote."""
-    rows = []
-    for index, (np_, flags) in enumerate(launches):
-        out = os.path.join(tmp, f"{os.path.splitext(worker)[0]}{index}.json")
-        launch(np_, worker, [out, *args], flags=flags)
-        with open(out) as f:
-            rows.extend(json.load(f))
-    return rows
-
 
 def run_allreduce(tmp):
     rows = launch_rows(tmp, "allreduce.py", [(2, []), (4, [])])
@@ -70,12 +32,12 @@ def run_allreduce(tmp):
         "fusion_speedup_16_tensors_min": min(r["unfused_16_over_tfdist_16"] for r in rows),
         "fusion_speedup_16_tensors_max": max(r["unfused_16_over_tfdist_16"] for r in rows),
     }
-    result = {"environment": environment(), "summary": summary, "rows": rows,
+    result = { "summary": summary, "rows": rows,
               "description": "median time per all-reduce of a float32 payload; 'raw' is one "
                              "TensorFlow all_reduce_v2, 'tfdist' the RingAllReduceAggregator on the "
                              "same tensor, '*_16' the payload split into 16 tensors "
                              "(fused by tfdist, or 16 raw calls); methods interleaved per round."}
-    write("allreduce.json", result)
+    write_result("allreduce.json", result)
     plot_allreduce(rows)
     return result
 
@@ -101,12 +63,12 @@ def run_backends(tmp):
             f"P={r['processes']}": r["collective_over_horovod"]
             for r in rows if r["bytes"] == 16 << 20},
     }
-    result = {"environment": environment(), "summary": summary, "rows": rows,
+    result = { "summary": summary, "rows": rows,
               "description": "median time per all-reduce of a float32 payload on each engine; "
                              "'raw_horovod' is hvd.grouped_allreduce, 'tfdist_horovod' tfdist's "
                              "ring aggregator on Horovod (Gloo), 'tfdist_collective' on TF "
                              "collectives (gRPC); '_16': payload as 16 tensors; interleaved."}
-    write("allreduce_backends.json", result)
+    write_result("allreduce_backends.json", result)
     plot_bus_bandwidth(rows, (("raw_horovod", "tab:gray"), ("tfdist_horovod", "tab:blue"),
                               ("tfdist_collective", "tab:red")),
                        "All-reduce per engine (loopback)", "allreduce_backends_bus_bandwidth.png")
@@ -141,7 +103,6 @@ def run_fit(tmp):
     two_horovod = runs["2_process_horovod"]["median_step_ms"]
     contention = sum(independent) / len(independent)
     result = {
-        "environment": environment(),
         "runs": runs,
         "two_independent_processes_median_step_ms": independent,
         "summary": {
@@ -155,16 +116,8 @@ def run_fit(tmp):
                        f"{threads} intra-op thread(s) per process; the independent runs are two "
                        "single-process trainings at once (CPU contention without communication).",
     }
-    write("fit_step.json", result)
+    write_result("fit_step.json", result)
     return result
-
-
-def write(name, result):
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, name)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}: {json.dumps(result.get('summary', {}))}", flush=True)
 
 
 def run_compression(tmp):
@@ -175,21 +128,19 @@ def run_compression(tmp):
         with open(out) as f:
             per_backend[backend] = json.load(f)
     result = {
-        "environment": environment(),
         "summary": {f"{b}_fp16_over_none": r["fp16_over_none"] for b, r in per_backend.items()},
         "backends": per_backend,
         "description": "bytes counted on the loopback interface per 16 MiB float32 gradient "
                        "all-reduce through the strategy's gradient path, 2 processes, without "
                        "and with compression='fp16'; max_abs_error is against the exact sum.",
     }
-    write("fp16_wire_bytes.json", result)
+    write_result("fp16_wire_bytes.json", result)
     return result
 
 
 def run_tree(tmp):
     rows = launch_rows(tmp, "tree_vs_ring.py", [(np_, ["--horovod"]) for np_ in (2, 3, 4)])
     result = tree_analysis(rows)
-    result["environment"] = environment()
     result["description"] = (
         "median time per all-reduce of one float32 payload, interleaved in the same processes: "
         "'tree' is the ReductionTreeAggregator (fanout 2, pipelined chunks) and "
@@ -197,7 +148,7 @@ def run_tree(tmp):
         "ring aggregator on Horovod (Gloo). alpha/beta are fitted per engine by least squares on "
         "relative error over all sizes and process counts; crossover = payload from which the "
         "ring is faster than the tree.")
-    write("tree_vs_ring.json", result)
+    write_result("tree_vs_ring.json", result)
     plot_tree_vs_ring(rows, result["fit"])
     return result
 
@@ -213,7 +164,6 @@ def run_ps(tmp):
                         for flags in (["--num-servers", "1"], [])],
                        args=[",".join(map(str, PS_SIZES))])
     result = ps_analysis(rows)
-    result["environment"] = environment()
     result["description"] = (
         "median time per aggregation of one float32 gradient buffer vs number of workers P: "
         "'ps' is the ParameterServerStrategy's aggregator with one dedicated server "
@@ -224,7 +174,7 @@ def run_ps(tmp):
         "(wall times are not the servers' cost); server_load gives, per aggregation, the CPU "
         "seconds of each server process and the bytes pushed to it, i.e. the server's own "
         "cost, which the model's P n / K term describes.")
-    write("ps_scaling.json", result)
+    write_result("ps_scaling.json", result)
     plot_ps_scaling(rows, result["fit"])
     return result
 
@@ -236,7 +186,6 @@ def run_sparse(tmp):
     rows = launch_rows(tmp, "sparse_gradients.py", [(np_, []) for np_ in (2, 3)],
                        args=[",".join(map(str, SPARSE_VOCABULARIES))])
     result = {
-        "environment": environment(),
         "summary": {f"P{r['processes']}_vocab{r['vocabulary']}": {
             "dense_over_sparse_bytes": round(r["dense_over_sparse_bytes"], 2),
             "dense_over_sparse_step_time": round(r["dense_over_sparse_step_time"], 2),
@@ -252,7 +201,7 @@ def run_sparse(tmp):
                        "token repeats in a batch - one process takes the sparse path, which "
                        "is why tfdist keeps these gradients sparse.",
     }
-    write("sparse_gradients.json", result)
+    write_result("sparse_gradients.json", result)
     return result
 
 

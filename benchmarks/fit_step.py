@@ -13,7 +13,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -25,25 +24,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
+from harness import StepTimer  # noqa: E402  (this directory, run as a script)
 
 EPOCHS = 3
 STEPS_PER_EPOCH = 15
-
-
-class StepTimer(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.times, self.epoch = [], 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.epoch > 0:
-            self.times.append(time.perf_counter() - self.start)
 
 
 def main():

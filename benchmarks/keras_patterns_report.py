@@ -87,7 +87,7 @@ def main(argv=None):
     parser.add_argument("--configurations", default=",".join(CONFIGURATIONS))
     args = parser.parse_args(argv)
     names = args.configurations.split(",")
-    from benchmarks.cli import environment  # imports TensorFlow: only when the report runs
+    from benchmarks.harness import environment  # imports TensorFlow: only when the report runs
 
     report = {"environment": environment(),
               "description": __doc__.split("\n\n", 2)[1].replace("\n", " "), "runs": {}}

@@ -2,7 +2,7 @@
 
 import os
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from benchmarks.harness import RESULTS
 
 
 def pyplot():

@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,7 +33,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
-from loopback import loopback_bytes  # noqa: E402  (this directory, run as a script)
+from harness import StepTimer  # noqa: E402  (this directory, run as a script)
+from loopback import loopback_bytes  # noqa: E402
 
 DIM, SEQUENCE, BATCH, STEPS, EPOCHS = 64, 16, 256, 8, 3
 
@@ -67,23 +67,16 @@ class TextModel(keras.Model):
         return {"loss": loss}
 
 
-class StepMeter(keras.callbacks.Callback):
+class StepMeter(StepTimer):
     """Step times and loopback bytes of every epoch after the first."""
 
     def __init__(self):
         super().__init__()
-        self.times, self.epoch, self.bytes, self.steps = [], 0, 0, 0
+        self.bytes, self.steps = 0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
+        super().on_epoch_begin(epoch, logs)
         self.epoch_start_bytes = loopback_bytes()
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.epoch > 0:
-            self.times.append(time.perf_counter() - self.start)
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch > 0:

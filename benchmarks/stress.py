@@ -413,7 +413,8 @@ def environment():
     The harness itself never imports TensorFlow: it forks launchers with a
     preexec_fn, which is unsafe once a process runs TensorFlow's threads.
     """
-    code = "import json; from benchmarks.cli import environment; print(json.dumps(environment()))"
+    code = ("import json; from benchmarks.harness import environment; "
+            "print(json.dumps(environment()))")
     done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(HERE),
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

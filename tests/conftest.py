@@ -1,120 +1,38 @@
-"""Helpers for tests that launch real processes through tfdist-run."""
+"""Fixtures shared by the tests; the helpers they use are in `helpers.py`."""
 
-import json
-import os
-import re
-import subprocess
-import sys
-
-import numpy as np
 import pytest
 
-from tfdist.launch.ports import pick_ports
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "tests", "scripts")
-
-
-def _job_env(run_timeout, extra_env):
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for stale in ("TF_CONFIG", "HOROVOD_RANK", "TFDIST_RANK", "TFDIST_ROLE"):
-        env.pop(stale, None)
-    env["TFDIST_TIMEOUT"] = str(run_timeout)
-    env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stacks
-    env.update(extra_env or {})
-    return env
-
-
-def launch_command(kind, np_, script_args, run_timeout=120, launcher=None):
-    """The command line that starts `np_` processes of `python <script_args>`.
-
-    kind: "tfdist-run" (with extra `launcher` arguments) or "horovodrun" (Gloo, this host).
-    """
-    if kind == "horovodrun":
-        horovodrun_path = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-        return [horovodrun_path, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
-                sys.executable] + script_args
-    return [sys.executable, "-m", "tfdist.launch", "-np", str(np_), "--timeout",
-            str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
-
-
-def _run(command, env, timeout):
-    result = subprocess.run(command, env=env, capture_output=True, timeout=timeout)
-    # Decode by hand: text mode would turn the progress bar's "\r" into line breaks.
-    result.stdout = result.stdout.decode(errors="replace")
-    result.stderr = result.stderr.decode(errors="replace")
-    return result
-
-
-def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, launcher=None):
-    """Run `tfdist-run -np np_ python <script_args>`; return the CompletedProcess."""
-    return _run(launch_command("tfdist-run", np_, script_args, run_timeout, launcher),
-                _job_env(run_timeout, extra_env), timeout)
-
-
-def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
-    """Run `horovodrun --gloo -np np_ python <script_args>` on this host."""
-    return _run(launch_command("horovodrun", np_, script_args),
-                _job_env(run_timeout, extra_env), timeout)
-
-
-def start_job(kind, np_, script_args, run_timeout=120, launcher=None):
-    """Start a job like `tfdist_run` / `horovodrun` without waiting: a Popen with merged output."""
-    return subprocess.Popen(launch_command(kind, np_, script_args, run_timeout, launcher),
-                            env=_job_env(run_timeout, None), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
-
-
-def failure_report(done, tail=3000):
-    """What a failed job printed: any native crash's stacks in full, then the output's tails.
-
-    A segmentation fault with PYTHONFAULTHANDLER=1 prints every thread's
-    Python stack; a plain tail would cut them off.
-    """
-    text = done.stdout + done.stderr
-    crashes = []
-    for match in re.finditer(r"(?:\[\d+\] )?Fatal Python error", text):
-        crashes.append(text[match.start():match.start() + 6000])
-    return "\n".join(crashes + ["--- stdout tail ---", done.stdout[-tail:],
-                                 "--- stderr tail ---", done.stderr[-tail:]])
-
-
-def tf_config_job(worker_ranks, world, script_args, timeout_s, num_servers=0, busy_port=None):
-    """Start some workers (and `num_servers` ps tasks) of a TF_CONFIG job, without a launcher.
-
-    Returns (processes keyed by worker rank and "ps<i>", worker addresses,
-    server addresses); output is piped. `busy_port` replaces worker 0's port.
-    """
-    ports = pick_ports(world + num_servers)
-    workers = [f"127.0.0.1:{p}" for p in ports[:world]]
-    servers = [f"127.0.0.1:{p}" for p in ports[world:]]
-    if busy_port is not None:
-        workers[0] = f"127.0.0.1:{busy_port}"
-    cluster = {"worker": workers, **({"ps": servers} if servers else {})}
-    tasks = [("ps", index, f"ps{index}") for index in range(num_servers)]
-    tasks += [("worker", rank, rank) for rank in worker_ranks]
-    procs = {}
-    for kind, index, key in tasks:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFDIST_TIMEOUT=str(timeout_s))
-        for stale in ("TFDIST_RANK", "TFDIST_ROLE", "HOROVOD_RANK"):
-            env.pop(stale, None)
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
-        procs[key] = subprocess.Popen([sys.executable] + script_args, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return procs, workers, servers
-
-
-def max_abs_difference(a, b):
-    """Largest absolute difference over arrays with the same keys."""
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
-
-def script(name):
-    return os.path.join(SCRIPTS, name)
+from helpers import tfdist_run, train_equivalence
 
 
 @pytest.fixture
 def workdir(tmp_path):
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory):
+    """`get(*options)`: tests/scripts/train_equivalence.py on one process, run once per options.
+
+    One process trains the same way whatever the strategy (there is nothing
+    to aggregate), so every equivalence test compares against the same run:
+    the strategy option is dropped from the cache key and from the launch.
+    """
+    cache = {}
+
+    def get(*options):
+        options = _without_strategy(options)
+        if options not in cache:
+            prefix = str(tmp_path_factory.mktemp("one_process") / "np1")
+            cache[options] = train_equivalence(tfdist_run, 1, prefix, *options)[0]
+        return cache[options]
+
+    return get
+
+
+def _without_strategy(options):
+    options = list(options)
+    if "--strategy" in options:
+        at = options.index("--strategy")
+        del options[at:at + 2]
+    return tuple(options)

@@ -9,7 +9,7 @@ import time
 import keras
 import numpy as np
 
-from conftest import script
+from helpers import script
 
 KILLS = 3
 

@@ -7,26 +7,22 @@ weights, loss/metric history, evaluation and predictions within 1e-4, and all
 ranks of a run must agree with each other.
 """
 
-import numpy as np
 import pytest
 
-from conftest import failure_report, max_abs_difference, script, tfdist_run
+from helpers import max_abs_difference, tfdist_run, train_equivalence
 
 TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, one_process_run):
     """world size -> every rank's results, each world size launched once, when first needed."""
     out = tmp_path_factory.mktemp("equivalence")
-    results = {}
+    results = {1: [one_process_run()]}
 
     def get(world):
         if world not in results:
-            prefix = str(out / f"np{world}")
-            done = tfdist_run(world, [script("train_equivalence.py"), prefix], timeout=900)
-            assert done.returncode == 0, failure_report(done)
-            results[world] = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
+            results[world] = train_equivalence(tfdist_run, world, str(out / f"np{world}"))
         return results[world]
 
     return get

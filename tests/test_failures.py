@@ -2,7 +2,7 @@
 
 import socket
 
-from conftest import script, tf_config_job, tfdist_run
+from helpers import script, tf_config_job, tfdist_run
 
 
 def run_ranks_with_tf_config(ranks, world, mode_args, timeout_s, busy_port=None):

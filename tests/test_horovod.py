@@ -11,7 +11,10 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPO, failure_report, horovodrun, max_abs_difference, script, tfdist_run
+from helpers import (REPO, failure_report, horovodrun, max_abs_difference, only_configs, script,
+                     tfdist_run)
+
+pytestmark = pytest.mark.horovod  # every test here needs Horovod (make install builds it)
 
 TOLERANCE = 1e-4
 FP16_TOLERANCE = 2e-2
@@ -26,9 +29,8 @@ def train(launch, world, prefix, *options):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    prefix = str(tmp_path_factory.mktemp("horovod") / "np1")
-    return train(tfdist_run, 1, prefix)[1][0]
+def reference(one_process_run):
+    return only_configs(one_process_run(), CONFIGS.split(","))
 
 
 def horovod_tfdist_run(np_, script_args, **kwargs):

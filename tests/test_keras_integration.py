@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import failure_report, script, tfdist_run
+from helpers import failure_report, script, tfdist_run
 
 
 @pytest.fixture(scope="module")

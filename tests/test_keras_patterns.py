@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import failure_report, horovodrun, script, tfdist_run
+from helpers import failure_report, horovodrun, script, tfdist_run
 
 # Float summation order differs between 1 and N processes; losses of the
 # clipping case are in the thousands, hence the relative term.
@@ -109,6 +109,7 @@ def test_parameter_server_three_workers_two_servers(reference, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.horovod
 @pytest.mark.parametrize("world", [2, 3])
 def test_horovod(reference, tmp_path, world):
     assert_matches_one_process(reference, run(tmp_path, world, ["--backend", "horovod"],

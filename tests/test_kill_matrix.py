@@ -26,7 +26,7 @@ import time
 import keras
 import pytest
 
-from conftest import script, start_job, tf_config_job
+from helpers import case_parameters, script, start_job, tf_config_job
 
 RUN_TIMEOUT = 60  # the job's timeout: every survivor must give up by itself before the ceiling
 CEILING = 240     # seconds a case may take in all on a busy machine
@@ -129,8 +129,8 @@ def survivors(tag, ceiling=60.0):
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("case", [
-    name if name in FAST else pytest.param(name, marks=pytest.mark.slow) for name in CASES])
+@pytest.mark.parametrize("case", case_parameters(CASES, FAST,
+                                                  lambda name: CASES[name][0] == "horovodrun"))
 def test_sigkill_fails_the_job_cleanly(tmp_path, case):
     launcher, workers, servers, strategy_args, victim, phase, message = CASES[case]
     args = [script("kill_target.py"), str(tmp_path)] + strategy_args

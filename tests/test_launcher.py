@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from conftest import script, tfdist_run
-from tfdist.launch import ports
+from helpers import script, tfdist_run
+from tfdist.comm import ports
 
 
 def _alive(pid):

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from conftest import failure_report, script, tfdist_run
+from helpers import failure_report, script, tfdist_run
 from tfdist.callbacks import LearningRateScaling, LearningRateSchedule, LearningRateWarmup
 
 ROWS, BATCH = 200, 20  # 10 steps per epoch

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import failure_report, max_abs_difference, script, tf_config_job, tfdist_run
+from helpers import (failure_report, max_abs_difference, only_configs, script, tf_config_job,
+                     tfdist_run)
 from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
 
 TOLERANCE = 1e-4
@@ -26,8 +27,8 @@ def train_ps(tmp_path, workers, servers):
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    return train_ps(tmp_path_factory.mktemp("ps"), 1, 0)[0][0]
+def one_process(one_process_run):
+    return only_configs(one_process_run(), CONFIGS)
 
 
 @pytest.mark.parametrize("workers,servers", [

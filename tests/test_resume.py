@@ -14,7 +14,7 @@ import signal
 import numpy as np
 import pytest
 
-from conftest import failure_report, script, start_job, tfdist_run, horovodrun
+from helpers import case_parameters, failure_report, horovodrun, script, start_job, tfdist_run
 
 RUN_TIMEOUT = 60
 EPOCHS, KILLED_IN_EPOCH = 5, 2
@@ -61,9 +61,8 @@ def load(prefix, world):
     return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
 
 
-@pytest.mark.parametrize("name", [
-    name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
-    for name in CONFIGURATIONS])
+@pytest.mark.parametrize("name", case_parameters(
+    CONFIGURATIONS, FAST, lambda name: CONFIGURATIONS[name][0] == "horovodrun"))
 def test_killed_job_rerun_resumes_like_an_uninterrupted_run(tmp_path, name):
     kind, world, strategy_args, launcher = CONFIGURATIONS[name]
     uninterrupted = str(tmp_path / "uninterrupted")

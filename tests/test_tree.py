@@ -12,7 +12,7 @@ P=5 has depth 2 for both (fanout 2: 0-{1,2}, 1-{3,4}; fanout 3: 0-{1,2,3},
 import numpy as np
 import pytest
 
-from conftest import failure_report, max_abs_difference, script, tf_config_job, tfdist_run
+from helpers import failure_report, max_abs_difference, script, tf_config_job, tfdist_run
 
 TOLERANCE = 1e-4
 FANOUTS = (2, 3)
@@ -22,16 +22,16 @@ TRAINING = ["--batch", "60", "--rows", "360", "--configs", ",".join(CONFIGS)]
 
 def train_tree(tmp_path, world):
     prefix = str(tmp_path / f"tree{world}")
-    fanouts = "2" if world == 1 else ",".join(map(str, FANOUTS))
     done = tfdist_run(world, [script("train_equivalence.py"), prefix, "--strategy", "tree",
-                              "--fanouts", fanouts] + TRAINING, timeout=900, run_timeout=300)
+                              "--fanouts", ",".join(map(str, FANOUTS))] + TRAINING,
+                      timeout=900, run_timeout=300)
     assert done.returncode == 0, failure_report(done)
     return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    return train_tree(tmp_path_factory.mktemp("tree"), 1)[0]
+def one_process(one_process_run):
+    return one_process_run(*TRAINING)
 
 
 @pytest.mark.parametrize("world", [
@@ -40,10 +40,10 @@ def test_tree_trains_like_one_process(one_process, tmp_path, world):
     ranks = train_tree(tmp_path, world)
     for fanout in FANOUTS:
         for config in CONFIGS:
-            names = [k.split("/", 2)[2] for k in one_process if k.startswith(f"fanout2/{config}/")]
+            names = [k.split("/", 1)[1] for k in one_process if k.startswith(f"{config}/")]
             assert "h_loss" in names and "predictions" in names
             diff = max_abs_difference(
-                {n: one_process[f"fanout2/{config}/{n}"] for n in names},
+                {n: one_process[f"{config}/{n}"] for n in names},
                 {n: ranks[0][f"fanout{fanout}/{config}/{n}"] for n in names})
             assert diff <= TOLERANCE, (
                 f"fanout {fanout}, {config}: {world} processes differ from 1 by {diff}")

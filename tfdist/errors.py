@@ -1,6 +1,15 @@
-"""Errors tfdist raises when the job, not the user's model, is at fault."""
+"""Errors tfdist raises when the job, not the user's model, is at fault, and how they are told.
+
+A failure in a multi-process job surfaces deep in a TensorFlow traceback (a
+gRPC status, an assertion inside a compiled step). Each part of tfdist that
+can explain such a failure registers an explainer (`explain_uncaught`); one
+`sys.excepthook`, installed once, prints their one-line explanations after
+the traceback, so the last lines a user reads name the cause and the rank.
+"""
 
 import re
+import sys
+import threading
 
 
 class ClusterError(RuntimeError):
@@ -29,3 +38,29 @@ def tfdist_assertion(error):
     if not parts or not parts[0].startswith("tfdist"):
         return None
     return " ".join(part.strip() for part in parts)
+
+
+_explainers = []
+_explainers_lock = threading.Lock()
+
+
+def explain_uncaught(explainer):
+    """Print `explainer(exception)` (a line, or None) after the traceback of an uncaught error.
+
+    Explainers run in registration order; each may print its own lines
+    instead of returning one. The hook chains to the `sys.excepthook` that
+    was in place when the first explainer was registered.
+    """
+    with _explainers_lock:
+        if not _explainers:
+            previous = sys.excepthook
+
+            def hook(kind, value, traceback):
+                previous(kind, value, traceback)
+                for explain in list(_explainers):
+                    line = explain(value)
+                    if line:
+                        print(line, file=sys.stderr, flush=True)
+
+            sys.excepthook = hook
+        _explainers.append(explainer)

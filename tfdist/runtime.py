@@ -1,9 +1,16 @@
-"""Process-wide state: this process's cluster and its communicators.
+"""Process-wide state: this process's cluster, its communicators, and their shutdown.
 
 A TensorFlow server can be started once per process, and Horovod initialized
 once, so each communicator is created once (on first use) and shared by every
 strategy the process builds. Kept apart from the user-facing strategies, as
 HF Accelerate keeps `state.py` apart from `accelerator.py`.
+
+Shutdown is explicit and in one place (`shutdown`, run once at interpreter
+exit, before any teardown): first every communicator stops watching its
+peers (at the end of a job peers exit seconds apart, which is no failure),
+then the resources registered with `close_at_exit` (a parameter-server
+client saying goodbye, a co-located server process being waited for) are
+closed, last registered first, then the communicators.
 
 Engines:
   "collective"  TensorFlow collective ops over gRPC (`tfdist.comm.tf_collective`);
@@ -13,10 +20,13 @@ Engines:
                 by horovodrun or `tfdist-run --horovod`.
 """
 
+import atexit
 import dataclasses
 import os
 import socket
 import threading
+
+from absl import logging
 
 from tfdist import cluster as cluster_lib
 
@@ -25,6 +35,8 @@ ENGINES = ("collective", "horovod")
 _lock = threading.RLock()
 _cluster = None
 _communicators = {}
+_single_process = None
+_closables = []  # closed by `shutdown`, last registered first
 
 
 def cluster():
@@ -42,23 +54,66 @@ def launched_with_horovod():
 
 
 def communicator(engine="collective", fusion_threshold_bytes=None):
-    """The process-wide communicator on `engine`, or None for a single process.
+    """The process-wide `tfdist.comm.base.Communicator` on `engine`.
 
-    `fusion_threshold_bytes` configures Horovod's fusion buffer when this call
-    initializes Horovod (ignored otherwise).
+    With one training process it is the `SingleProcessCommunicator`, whatever
+    the engine. `fusion_threshold_bytes` configures Horovod's fusion buffer
+    when this call initializes Horovod (ignored otherwise).
     """
+    global _single_process
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}. Got: {engine!r}")
     spec = cluster()
-    if spec.world_size == 1:
-        return None
     with _lock:
+        if spec.world_size == 1:
+            if _single_process is None:
+                from tfdist.comm.single_process import SingleProcessCommunicator
+
+                _single_process = SingleProcessCommunicator()
+            return _single_process
         if engine not in _communicators:
             _communicators[engine] = (
                 _start_horovod(spec, fusion_threshold_bytes) if engine == "horovod"
                 else _start_collective(spec)
             )
+            _register_shutdown()
         return _communicators[engine]
+
+
+def close_at_exit(resource):
+    """Have `shutdown` call `resource.close()` (after the peers are no longer watched)."""
+    with _lock:
+        _closables.append(resource)
+        _register_shutdown()
+    return resource
+
+
+_shutdown_registered = [False]
+
+
+def _register_shutdown():
+    if not _shutdown_registered[0]:
+        _shutdown_registered[0] = True
+        atexit.register(shutdown)
+
+
+def shutdown():
+    """Stop watching peers, close the registered resources (newest first), then the communicators.
+
+    Idempotent. A resource whose `close()` fails is logged and the others
+    are still closed.
+    """
+    with _lock:
+        communicators = list(_communicators.values())
+        closables = list(reversed(_closables))
+        _closables.clear()
+    for each in communicators:
+        each.stop_watching()
+    for resource in closables + communicators:
+        try:
+            resource.close()
+        except Exception as e:  # pylint: disable=broad-except
+            logging.warning("tfdist: closing %s failed: %s", type(resource).__name__, e)
 
 
 def _start_horovod(spec, fusion_threshold_bytes):
@@ -96,8 +151,8 @@ def _exchange_addresses_through_horovod(spec):
     The host is the name horovodrun gave this slot (reachable by the peers,
     since horovodrun itself reached it), else this machine's host name.
     """
-    from tfdist.launch.horovod_rendezvous import all_gather_strings
-    from tfdist.launch.ports import pick_ports
+    from tfdist.comm.gloo_rendezvous import all_gather_strings
+    from tfdist.comm.ports import pick_ports
 
     host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     port = pick_ports(1, host="")[0]

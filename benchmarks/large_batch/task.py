@@ -10,7 +10,6 @@ Goyal et al. (2017).
 """
 
 import keras
-import numpy as np
 
 TRAIN_ROWS, VALIDATION_ROWS = 60_000, 10_000
 FEATURES, CLASSES = 40, 10

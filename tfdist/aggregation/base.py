@@ -1,17 +1,103 @@
-"""The one interface every gradient-aggregation algorithm implements."""
+"""The one interface every gradient-aggregation algorithm implements: a communication hook.
+
+In the spirit of PyTorch DDP's communication hooks: the strategy hands an
+algorithm a `Bucket` - the tensors to sum across the training processes,
+the variable each belongs to, and the bucket's index - and the algorithm
+returns, on every rank, the element-wise sums over ranks in the same order
+and shapes (`Aggregator.reduce_bucket`). An algorithm is an object, so it
+may keep state across steps (a residual per variable for error feedback, a
+server protocol's clocks, counters for a profiler), keyed by the bucket's
+index or its variables. Each algorithm also owns its alpha-beta cost model
+(`predict_seconds`), next to the docstring that derives it: one formula per
+algorithm, used by `tfdist.aggregation.cost_model` and the benchmarks.
+
+Docstrings of implementations state the algorithm, the cost model (alpha:
+per-message latency in seconds, beta: seconds per byte, n: bytes each
+process contributes, P: processes) and what result they guarantee relative
+to an exact sum.
+"""
+
+import abc
+import dataclasses
+import itertools
+import threading
+
+GRADIENTS = "gradients"
+STATE = "state"  # metric state, layer statistics, row counts, stop flags
 
 
-class Aggregator:
-    """Sums a list of tensors across all training processes.
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Tensors summed across ranks in one call of an aggregation hook.
 
-    `all_reduce(tensors)` returns, on every rank, the element-wise sum over
-    ranks of each tensor, in the same order and shapes. Implementations
-    document their algorithm, their alpha-beta cost model (alpha: per-message
-    latency, beta: seconds per byte, n: bytes, P: processes) and what result
-    they guarantee relative to an exact sum.
+    Attributes:
+        index: this bucket's number in the process, in the order the call
+            sites were traced (the same on every rank; a traced step reuses
+            its buckets at every call).
+        tensors: the tensors to sum, each of static shape.
+        variables: for each tensor, the variable it is the gradient of, or
+            None (state that is not a gradient).
+        kind: `GRADIENTS` or `STATE`.
+    """
+
+    index: int
+    tensors: tuple
+    variables: tuple
+    kind: str = STATE
+
+    @property
+    def num_bytes(self):
+        return sum(t.shape.num_elements() * t.dtype.size for t in self.tensors)
+
+
+class Aggregator(abc.ABC):
+    """A gradient-aggregation algorithm (communication hook); see the module docstring.
+
+    Subclasses set `name`, implement `reduce_bucket` and `predict_seconds`.
+    `communicates` is False only for the single-process identity: then
+    nothing goes on a wire, and gradient compression does not apply.
     """
 
     name = "abstract"
+    communicates = True
 
-    def all_reduce(self, tensors):
-        raise NotImplementedError
+    def __init__(self):
+        self._bucket_numbers = itertools.count()
+        self._bucket_lock = threading.Lock()
+
+    def all_reduce(self, tensors, variables=None, kind=STATE):
+        """Sum `tensors` across ranks: one new bucket (see `reduce_bucket`).
+
+        Args:
+            tensors: list of tensors of static shape.
+            variables: the variable of each tensor (None: not gradients).
+            kind: `GRADIENTS` or `STATE`.
+        """
+        if not tensors:
+            return []
+        with self._bucket_lock:
+            index = next(self._bucket_numbers)
+        variables = tuple(variables) if variables is not None else (None,) * len(tensors)
+        return list(self.reduce_bucket(Bucket(index, tuple(tensors), variables, kind)))
+
+    @abc.abstractmethod
+    def reduce_bucket(self, bucket):
+        """The element-wise sums over ranks of `bucket.tensors`, in order (every rank)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def predict_seconds(cls, n_bytes, world_size, alpha, beta, **options):
+        """Predicted seconds to aggregate `n_bytes` per process over `world_size` processes.
+
+        `options` are the algorithm's own constructor settings (fanout,
+        servers, chunk size, ...); see each implementation.
+        """
+
+    def close(self):
+        """Release what the algorithm holds (servers, threads); nothing by default."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

@@ -30,14 +30,22 @@ class RingAllReduceAggregator(Aggregator):
     name = "ring"
 
     def __init__(self, communicator, bucket_bytes=DEFAULT_BUCKET_BYTES):
+        super().__init__()
         self.communicator = communicator
         self.bucket_bytes = int(bucket_bytes)
 
-    def all_reduce(self, tensors):
-        if not tensors:
-            return []
-        if getattr(self.communicator, "fuses_tensors", False):
+    def reduce_bucket(self, bucket):
+        tensors = list(bucket.tensors)
+        if self.communicator.world_size == 1:
+            return tensors
+        if self.communicator.fuses_tensors:
             return self.communicator.grouped_all_reduce(tensors)
         plan = FusionPlan(tensors, self.bucket_bytes)
         reduced = [self.communicator.all_reduce(flat) for flat in plan.pack(tensors)]
         return plan.unpack(reduced)
+
+    @classmethod
+    def predict_seconds(cls, n_bytes, world_size, alpha, beta):
+        """2 (P - 1) alpha + 2 (P - 1) / P n beta (reduce-scatter + all-gather)."""
+        p = world_size
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta

@@ -83,7 +83,8 @@ class ReductionTreeAggregator(Aggregator):
     in tree order).
 
     Args:
-        communicator: a `tfdist.comm.tf_collective.CollectiveCommunicator`.
+        communicator: a `tfdist.comm.base.Communicator` with point-to-point
+            transfers (TensorFlow's collectives).
         fanout: children per node, >= 2.
         chunk_bytes: pipeline chunk size in bytes.
         bucket_bytes: fusion threshold (largest fused buffer) in bytes.
@@ -95,22 +96,35 @@ class ReductionTreeAggregator(Aggregator):
                  bucket_bytes=DEFAULT_BUCKET_BYTES):
         if int(chunk_bytes) < 1:
             raise ValueError(f"chunk_bytes must be a positive number of bytes. Got: {chunk_bytes!r}")
-        if not hasattr(communicator, "send"):
+        if not communicator.supports_point_to_point:
             raise ValueError(
                 "the reduction tree needs point-to-point transfers, which the "
-                f"{type(communicator).__name__} engine does not offer; use TensorFlow's "
+                f"{communicator.engine} engine does not offer; use TensorFlow's "
                 "collectives (engine='collective')."
             )
+        super().__init__()
         self.communicator = communicator
         self.tree = KaryTree(communicator.world_size, fanout)
         self.chunk_bytes = int(chunk_bytes)
         self.bucket_bytes = int(bucket_bytes)
 
-    def all_reduce(self, tensors):
-        if not tensors:
-            return []
+    def reduce_bucket(self, bucket):
+        tensors = list(bucket.tensors)
+        if self.tree.depth == 0:
+            return tensors
         plan = FusionPlan(tensors, self.bucket_bytes)
         return plan.unpack([self._reduce_flat(flat) for flat in plan.pack(tensors)])
+
+    @classmethod
+    def predict_seconds(cls, n_bytes, world_size, alpha, beta, fanout=2,
+                        chunk_bytes=DEFAULT_CHUNK_BYTES):
+        """2 (d + C - 1) (alpha + k n / C beta): reduce and broadcast, each a pipeline."""
+        depth = KaryTree(world_size, fanout).depth
+        if depth == 0:
+            return 0.0
+        fanout = min(fanout, world_size - 1)
+        chunks = max(1, math.ceil(n_bytes / chunk_bytes))
+        return 2 * (depth + chunks - 1) * (alpha + fanout * n_bytes / chunks * beta)
 
     def _reduce_flat(self, flat):
         comm, tree, rank = self.communicator, self.tree, self.communicator.rank

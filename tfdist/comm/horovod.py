@@ -21,6 +21,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from tfdist.comm.base import Communicator
 from tfdist.errors import ClusterError
 
 _INSTALL_HINT = (
@@ -46,8 +47,8 @@ def horovod_available():
     return True
 
 
-class HorovodCommunicator:
-    """All-reduce, all-gather and broadcast among all training processes, by Horovod.
+class HorovodCommunicator(Communicator):
+    """The `Communicator` on Horovod's collectives (no point-to-point transfers).
 
     Create at most one per process (see `tfdist.runtime`). The process must
     have been started by `horovodrun` or `tfdist-run --horovod`, which tell
@@ -60,6 +61,7 @@ class HorovodCommunicator:
             Takes effect only if Horovod is not yet initialized in the process.
     """
 
+    engine = "horovod"
     fuses_tensors = True  # the engine packs a group of tensors itself
 
     def __init__(self, cluster, fusion_threshold_bytes=None):
@@ -84,7 +86,7 @@ class HorovodCommunicator:
                 f"environment says rank {cluster.rank} of {cluster.world_size}; "
                 "was this process started by horovodrun or tfdist-run --horovod?"
             )
-        self.engine = "mpi" if hvd.mpi_enabled() else "gloo"
+        self.transport = "mpi" if hvd.mpi_enabled() else "gloo"
 
     def all_reduce(self, tensor):
         """Element-wise sum of `tensor` over all ranks."""
@@ -101,6 +103,3 @@ class HorovodCommunicator:
     def broadcast(self, tensor, root=0):
         """Every rank gets `root`'s `tensor`."""
         return self._hvd.broadcast(tf.convert_to_tensor(tensor), root_rank=root)
-
-    def barrier(self):
-        self.all_reduce(tf.zeros([1])).numpy()

@@ -1,11 +1,22 @@
-"""Watch a training process's peers with plain TCP probes, and bound its waits on them.
+"""Liveness: is a peer process still there, and is a wait on the peers still making progress?
 
-A daemon thread wakes every `PROBE_INTERVAL_SECONDS` and
+The one place where tfdist decides that another process of the job is gone,
+shared by TensorFlow's collectives (`PeerMonitor`), the parameter-server
+workers watching their servers and the servers watching their workers
+(`ProbeCounter`). All of it uses plain TCP connects, never TensorFlow: a
+probe runs beside training without touching its runtime.
 
-* probes the listening port of every peer (`tfdist.launch.ports.unreachable`:
-  a TCP connect, no data). A peer whose port refuses the connection (its
-  process has exited) or does not answer at all (its machine is down or cut
-  off) `PROBES_BEFORE_FAILING` probes in a row is gone;
+* `connection_refused(address)`: nothing listens on the port any more - the
+  process behind it has exited (its machine still answers);
+* `unreachable(address)`: refused, or no answer at all - the process has
+  exited, or its machine is down or cut off;
+* `ProbeCounter`: an address is gone after `PROBES_BEFORE_FAILING`
+  failed probes in a row (one failed connect is not enough evidence);
+* `PeerMonitor`: a daemon thread over a process's collective peers.
+
+The monitor wakes every `PROBE_INTERVAL_SECONDS` and
+
+* probes every peer (`unreachable`);
 * checks the waits registered with `waiting()`: a wait with a deadline that
   lasts longer than the job timeout means the peers are alive but out of step.
 
@@ -21,26 +32,82 @@ What a gone peer means depends on whether this process is waiting on its peers:
   does not know of (a custom loop's compiled step) must not hang for ever.
 
 The thread itself never calls into TensorFlow except through `on_failure`,
-once, when the job is failing: routine probes use sockets only, so nothing
-runs beside the training thread's TensorFlow calls (TensorFlow's own
-peer-health RPC, `check_collective_ops_peer_health`, used to run every two
-seconds here). The thread stops, and is joined, at interpreter exit before
-any teardown, and once the main thread has finished.
+once, when the job is failing (TensorFlow's own peer-health RPC,
+`check_collective_ops_peer_health`, used to run every two seconds here).
+Its owner stops it (`stop()`) before the process's other resources shut
+down (`tfdist.runtime`); it also stops once the main thread has finished.
+
+Cost: one TCP connect per peer every `PROBE_INTERVAL_SECONDS`, no data.
 """
 
-import atexit
 import contextlib
+import errno
 import itertools
+import socket
 import threading
 import time
 
 from absl import logging
 
-from tfdist.launch.ports import unreachable
-
 PROBE_INTERVAL_SECONDS = 2.0
 PROBES_BEFORE_FAILING = 2
 PROBE_TIMEOUT_SECONDS = 2.0
+
+
+def connection_refused(address, timeout=PROBE_TIMEOUT_SECONDS):
+    """True if nothing listens on "host:port" any more: the process behind it is gone.
+
+    A liveness probe only (no data is sent): a slow or busy process still
+    accepts connections, a dead one's port refuses them.
+    """
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def unreachable(address, timeout=PROBE_TIMEOUT_SECONDS):
+    """True if nothing answers on "host:port": the connection is refused, or not answered.
+
+    Stricter than `connection_refused`: a machine that is down or cut off does
+    not refuse connections, it stays silent. The kernel accepts connections for
+    a live process however busy that process is, so silence within `timeout`
+    means the host or the network, not a slow process.
+    """
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return False
+    except (ConnectionRefusedError, socket.timeout):
+        return True
+    except OSError as e:
+        return e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+
+
+class ProbeCounter:
+    """Which of `addresses` are gone: `PROBES_BEFORE_FAILING` failed probes in a row.
+
+    Args:
+        addresses: "host:port" to probe, by index.
+        probe: callable(address, timeout) -> True if the probe failed
+            (`unreachable` or `connection_refused`).
+    """
+
+    def __init__(self, addresses, probe):
+        self.addresses = tuple(addresses)
+        self._probe = probe
+        self._missed = [0] * len(self.addresses)
+
+    def probe(self, indices=None):
+        """Probe `indices` (default: all) once; return the indices that are gone."""
+        for index in range(len(self.addresses)) if indices is None else indices:
+            failed = self._probe(self.addresses[index], PROBE_TIMEOUT_SECONDS)
+            self._missed[index] = self._missed[index] + 1 if failed else 0
+        return [i for i, count in enumerate(self._missed) if count >= PROBES_BEFORE_FAILING]
 
 
 class PeerMonitor:
@@ -67,7 +134,6 @@ class PeerMonitor:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="tfdist-peer-monitor")
         self._thread.start()
-        atexit.register(self.stop)
 
     @contextlib.contextmanager
     def waiting(self, description, deadline=True):
@@ -96,18 +162,15 @@ class PeerMonitor:
 
     # ------------------------------------------------------------ thread
     def _run(self):
-        missed = [0] * len(self.addresses)
+        peers = [peer for peer in range(len(self.addresses)) if peer != self.rank]
+        probes = ProbeCounter(self.addresses, unreachable)
         gone_since = None
         while not self._stop.wait(PROBE_INTERVAL_SECONDS):
             if not threading.main_thread().is_alive():
                 return  # the program has finished: peers exiting now are no failure
             if self._check_waits():
                 return
-            for peer, address in enumerate(self.addresses):
-                if peer != self.rank and not self._stop.is_set():
-                    silent = unreachable(address, PROBE_TIMEOUT_SECONDS)
-                    missed[peer] = missed[peer] + 1 if silent else 0
-            gone = [peer for peer, count in enumerate(missed) if count >= PROBES_BEFORE_FAILING]
+            gone = probes.probe(peers)
             if not gone or self._stop.is_set():
                 continue
             gone_since = gone_since or time.monotonic()

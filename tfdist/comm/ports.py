@@ -1,6 +1,5 @@
-"""Choosing listening ports for the processes of a local job, and probing them."""
+"""Listening ports: whether one is free, and free ones for the processes of a job."""
 
-import errno
 import socket
 
 
@@ -41,37 +40,3 @@ def pick_ports(count, port_base=None, host="127.0.0.1"):
     finally:
         for sock in sockets:
             sock.close()
-
-
-def connection_refused(address, timeout=2.0):
-    """True if nothing listens on "host:port" any more: the process behind it is gone.
-
-    A liveness probe only (no data is sent): a slow or busy process still
-    accepts connections, a dead one's port refuses them.
-    """
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-
-
-def unreachable(address, timeout=2.0):
-    """True if nothing answers on "host:port": the connection is refused, or not answered.
-
-    Stricter than `connection_refused`: a machine that is down or cut off does
-    not refuse connections, it stays silent. The kernel accepts connections for
-    a live process however busy that process is, so silence within `timeout`
-    means the host or the network, not a slow process.
-    """
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return False
-    except (ConnectionRefusedError, socket.timeout):
-        return True
-    except OSError as e:
-        return e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)

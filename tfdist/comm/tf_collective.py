@@ -10,7 +10,7 @@ a per-process counter as collectives are created - eagerly, or when a
 function is traced - so ranks agree as long as they create the same
 collectives in the same order, which ranks running the same script do.
 
-Failure handling, all bounded by the job timeout (`tfdist.comm.peer_monitor`):
+Failure handling, all bounded by the job timeout (`tfdist.comm.liveness`):
 * a monitor thread probes every peer's port (plain TCP, no TensorFlow call
   beside training) and, when one is gone while this process waits on its
   peers, aborts all pending collectives of this process with a message naming
@@ -29,7 +29,6 @@ Failure handling, all bounded by the job timeout (`tfdist.comm.peer_monitor`):
 
 import functools
 import math
-import sys
 import threading
 import time
 
@@ -37,9 +36,10 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist import _tf
-from tfdist.comm.peer_monitor import PeerMonitor
-from tfdist.errors import ClusterError
-from tfdist.launch.ports import port_is_free
+from tfdist.comm.base import Communicator
+from tfdist.comm.liveness import PeerMonitor
+from tfdist.comm.ports import port_is_free
+from tfdist.errors import ClusterError, explain_uncaught
 
 WORLD_GROUP_KEY = 1
 FIRST_PAIR_GROUP_KEY = 1000  # group keys of the two-rank groups used for point-to-point
@@ -72,13 +72,16 @@ def _waits_on_peers(method):
     return wrapper
 
 
-class CollectiveCommunicator:
-    """All-reduce, all-gather and broadcast among all training processes.
+class CollectiveCommunicator(Communicator):
+    """The `Communicator` on TensorFlow's collective ops, with point-to-point transfers.
 
     Create at most one per process (see `tfdist.runtime`): it starts this
     process's TensorFlow server, waits up to `cluster.timeout` seconds for
     every peer, and then keeps watching them.
     """
+
+    engine = "collective"
+    supports_point_to_point = True
 
     def __init__(self, cluster):
         self.rank = cluster.rank
@@ -97,7 +100,7 @@ class CollectiveCommunicator:
         self._start_server()
         self._rendezvous()
         self._monitor = PeerMonitor(self.rank, self.addresses, self.timeout, self._abort)
-        self._install_excepthook()
+        explain_uncaught(self._explain_failure)
 
     # ------------------------------------------------------------------ setup
     def _start_server(self):
@@ -159,35 +162,27 @@ class CollectiveCommunicator:
         """The op-level timeout: only for eager collectives (see the module doc)."""
         return 0.0 if tf.inside_function() else self.timeout
 
-    def unreachable_peers(self):
+    def gone_peers(self):
         """Ranks whose process is gone now (used to explain a failure)."""
         return self._monitor.gone_peers()
 
-    def _install_excepthook(self):
-        """Explain a collective failure in tfdist's words before the process exits.
+    def _explain_failure(self, error):
+        """One line naming this rank and the gone peer(s), after a collective's traceback.
 
-        TensorFlow reports a lost peer as a gRPC error deep in a traceback;
-        this adds one line naming this rank and the peer(s) that are gone.
+        TensorFlow reports a lost peer as a gRPC error deep in a traceback.
         """
-        previous = sys.excepthook
+        if not (isinstance(error, tf.errors.OpError) and "ollective" in str(error)):
+            return None
+        self.stop_watching()
+        dead = self.gone_peers()
+        if dead:
+            names = ", ".join(f"peer rank {p} ({self.addresses[p]})" for p in dead)
+            return (f"tfdist rank {self.rank}: training failed because {names} is "
+                    "unreachable; that process has probably died (see its output).")
+        return (f"tfdist rank {self.rank}: a collective operation failed: "
+                f"{error.message.splitlines()[0]}")
 
-        def hook(kind, value, traceback):
-            previous(kind, value, traceback)
-            if isinstance(value, tf.errors.OpError) and "ollective" in str(value):
-                self.stop_monitor()
-                dead = self.unreachable_peers()
-                if dead:
-                    names = ", ".join(f"peer rank {p} ({self.addresses[p]})" for p in dead)
-                    print(f"tfdist rank {self.rank}: training failed because {names} is "
-                          "unreachable; that process has probably died (see its output).",
-                          file=sys.stderr, flush=True)
-                else:
-                    print(f"tfdist rank {self.rank}: a collective operation failed: "
-                          f"{value.message.splitlines()[0]}", file=sys.stderr, flush=True)
-
-        sys.excepthook = hook
-
-    def stop_monitor(self):
+    def stop_watching(self):
         """Stop watching peers (at exit: peers finishing first is not a failure)."""
         self._monitor.stop()
 
@@ -261,16 +256,6 @@ class CollectiveCommunicator:
             rows = tf.reduce_sum(shapes[:, 0])
             return tf.reshape(tf.gather(gathered, keep), tf.concat([[rows], shape[1:]], 0))
 
-    @_waits_on_peers
-    def all_gather_strings(self, text, max_bytes=1024):
-        """Every rank's `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""
-        data = text.encode()
-        if len(data) > max_bytes:
-            raise ValueError(f"string of {len(data)} bytes exceeds {max_bytes}. Got: {text!r}")
-        codes = tf.constant(list(data) + [0] * (max_bytes - len(data)), tf.int32)
-        gathered = self._gather_equal(codes[None]).numpy()
-        return [bytes(int(c) for c in row if c).decode() for row in gathered]
-
     def _gather_equal(self, tensor):
         return _tf.all_gather_v2(
             tensor, self.world_size, WORLD_GROUP_KEY, self.instance_key(),
@@ -325,7 +310,3 @@ class CollectiveCommunicator:
                 communication_hint="ring", timeout=self._op_timeout(),
             )
         return tf.ensure_shape(tensor, shape)
-
-    def barrier(self):
-        """Return once every rank has called `barrier` (eager)."""
-        self.all_reduce(tf.zeros([1])).numpy()

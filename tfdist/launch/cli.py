@@ -20,10 +20,9 @@ import os
 import sys
 
 from tfdist import cluster as cluster_lib
-from tfdist.launch import horovod_rendezvous
+from tfdist.comm import ports as ports_lib
+from tfdist.launch import gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
-from tfdist.launch import ports as ports_lib
-from tfdist.launch import processes
 
 HOST = "127.0.0.1"
 
@@ -128,7 +127,7 @@ def main(argv=None):
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
     if args.horovod:
         try:
-            _, horovod_envs = horovod_rendezvous.start(args.num_proc, HOST)
+            _, horovod_envs = gloo_rendezvous_server.start(args.num_proc, HOST)
         except RuntimeError as e:
             print(f"tfdist-run: {e}", file=sys.stderr)
             return 1

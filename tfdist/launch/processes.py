@@ -7,7 +7,6 @@ label ("[0]", "[1]", ..., "[s0]" for servers) and pass through the job's
 `OutputFilter` (start-up noise and repeated warnings left out).
 """
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -15,20 +14,10 @@ import sys
 import threading
 import time
 
+from tfdist.child_processes import die_with_parent
 from tfdist.launch.output_filter import OutputFilter
 
-_PR_SET_PDEATHSIG = 1
 TERMINATE_GRACE_SECONDS = 10.0
-
-
-def die_with_parent():
-    """preexec_fn: new session + SIGTERM when the parent (launcher) exits (Linux)."""
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the launcher's own signal handling still applies
-        pass
 
 
 class ManagedProcess:

@@ -24,7 +24,7 @@ import glob
 import json
 import os
 
-from keras.src.utils import file_utils
+import tensorflow as tf
 
 
 def _is_local(path):
@@ -96,30 +96,36 @@ def save_model_atomically(save, model, filepath, *args, **kwargs):
     return write_atomically(lambda temporary: save(model, temporary, **kwargs), path)
 
 
-def save_backup(callback):
-    """`BackupAndRestore._save_model` with both of its files replaced atomically, weights first."""
-    # pylint: disable=protected-access
-    if not file_utils.exists(callback.backup_dir):
-        file_utils.makedirs(callback.backup_dir)
-    weights, metadata = callback._weights_path, callback._training_metadata_path
-    if callback.double_checkpoint:
-        for current, previous in ((weights, callback._prev_weights_path),
-                                  (metadata, callback._prev_training_metadata_path)):
-            if file_utils.exists(current):
-                write_atomically(lambda temporary, src=current: file_utils.copy(src, temporary),
-                                 previous)
+def save_backup(model, paths, previous_paths, training_state):
+    """Write a `BackupAndRestore` backup: both files replaced atomically, weights first.
+
+    Args:
+        model: the model whose weights are saved.
+        paths: (weights path, training-metadata path).
+        previous_paths: the same pair for the previous backup (Keras'
+            `double_checkpoint`), which the current files are copied to
+            first; None to keep no previous backup.
+        training_state: {"epoch": ..., "batch": ...}, the metadata's content.
+    """
+    weights, metadata = paths
+    directory = os.path.dirname(weights)
+    if directory and not tf.io.gfile.exists(directory):
+        tf.io.gfile.makedirs(directory)
+    for current, previous in zip(paths, previous_paths or ()):
+        if tf.io.gfile.exists(current):
+            write_atomically(lambda temporary, src=current: tf.io.gfile.copy(
+                src, temporary, overwrite=True), previous)
     if not (_is_local(weights) and _is_local(metadata)):
-        callback.model.save_weights(filepath=weights, overwrite=True)
-        with file_utils.File(metadata, "w") as f:
-            f.write(json.dumps({"epoch": callback._current_epoch,
-                                "batch": callback._last_batch_seen}))
+        model.save_weights(filepath=weights, overwrite=True)
+        with tf.io.gfile.GFile(metadata, "w") as f:
+            f.write(json.dumps(training_state))
         return
     weights_temporary, metadata_temporary = _temporary_name(weights), _temporary_name(metadata)
     try:
         # Both files are complete under their temporary names before either is renamed.
-        callback.model.save_weights(filepath=weights_temporary, overwrite=True)
+        model.save_weights(filepath=weights_temporary, overwrite=True)
         with open(metadata_temporary, "w", encoding="utf-8") as f:
-            json.dump({"epoch": callback._current_epoch, "batch": callback._last_batch_seen}, f)
+            json.dump(training_state, f)
         os.replace(weights_temporary, weights)
         os.replace(metadata_temporary, metadata)
     finally:

@@ -17,20 +17,23 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 * Metric state and layer statistics are made global after every step
   (`local_state.LocalStateSync`), so logs are global and identical on all ranks.
 * `predict` outputs are gathered in rank order, so every rank gets all rows.
+* One process (and no dedicated parameter server) runs Keras' own step with
+  the `SingleProcessCommunicator` and `SingleProcessAggregator` (identities):
+  the same code, nothing added to the step.
 
-Subclasses only choose the aggregator (`_make_aggregator`).
+Subclasses only choose the aggregation hook (`make_aggregator`).
 """
-
-import contextlib
 
 import tensorflow as tf
 from absl import logging
 
 from tfdist import _tf
 from tfdist import runtime
+from tfdist.aggregation.base import GRADIENTS, STATE
 from tfdist.aggregation.compression import NoCompression, get_compression
+from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
-from tfdist.strategies import keras_hooks
+from tfdist.strategies import keras_patches
 from tfdist.strategies import replica_step
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
@@ -59,23 +62,24 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._cluster = runtime.cluster()  # now with addresses exchanged, if they were
         self._compression = get_compression(compression)
         super().__init__(container_strategy, _local_device(self._cluster))
-        world = self._cluster.world_size
+        # One process runs Keras' own step: no share weighting, no state to make global.
+        self._one_process = self._cluster.world_size == 1
         # Dedicated parameter servers take part even with one worker.
-        needs_aggregator = world > 1 or bool(self._cluster.server_addresses)
-        self._aggregator = make_aggregator(self._communicator) if needs_aggregator else None
-        self._local_state = (
-            LocalStateSync(self, self._all_reduce_sum) if world > 1 else None
-        )
+        if self._one_process and not self._cluster.server_addresses:
+            self._aggregator = SingleProcessAggregator()
+        else:
+            self._aggregator = runtime.close_at_exit(make_aggregator(self._communicator))
+        self._local_state = LocalStateSync(self, self._all_reduce_sum)
         self._any_rank_function = None
 
     @property
     def communicator(self):
-        """This process's communicator (None for a single process)."""
+        """This process's `tfdist.comm.base.Communicator` (an identity for one process)."""
         return self._communicator
 
     @property
     def aggregator(self):
-        """The gradient aggregator (None when there is nothing to aggregate)."""
+        """The gradient-aggregation hook (`tfdist.aggregation.base.Aggregator`)."""
         return self._aggregator
 
     # ------------------------------------------------------------- topology
@@ -93,7 +97,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     # ------------------------------------------------------------ variables
     def _create_variable(self, next_creator, **kwargs):
-        if self._communicator is None:
+        if self._one_process:
             return super()._create_variable(next_creator, **kwargs)
         if kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ:
             kwargs["initial_value"] = self._broadcast_initial_value(kwargs)
@@ -135,19 +139,19 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _all_reduce_sum(self, values):
         return self._aggregator.all_reduce(values)
 
-    def _all_reduce(self, reduce_op, values, compression):
-        if self._aggregator is None or not values:
+    def _all_reduce(self, reduce_op, values, compression, variables=None, kind=GRADIENTS):
+        if not self._aggregator.communicates or not values:
             return list(values)
         wire, contexts = zip(*[compression.compress(tf.convert_to_tensor(v)) for v in values])
-        summed = [compression.decompress(s, c)
-                  for s, c in zip(self._aggregator.all_reduce(list(wire)), contexts)]
+        summed = self._aggregator.all_reduce(list(wire), variables, kind)
+        summed = [compression.decompress(s, c) for s, c in zip(summed, contexts)]
         if reduce_op == _tf.ReduceOp.MEAN:
             summed = [s / tf.cast(self._cluster.world_size, s.dtype) for s in summed]
         return summed
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        return self._all_reduce(reduce_op, [value], NoCompression())[0]
+        return self._all_reduce(reduce_op, [value], NoCompression(), kind=STATE)[0]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         # Gradients reduced outside a tfdist step (a user's own loop) arrive here.
@@ -158,7 +162,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return values  # already summed by aggregate_gradients
         return self._all_reduce(reduce_op, values, self._compression)
 
-    def aggregate_gradients(self, gradients, weighted_in_loss=False):
+    def aggregate_gradients(self, gradients, variables=None, weighted_in_loss=False):
         """The global batch's gradients from this rank's, inside a step.
 
         Each rank's gradient (of a loss that is a mean over its slice) is
@@ -167,17 +171,20 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         configured), `IndexedSlices` by gathering every rank's (index, value)
         pairs in rank order - the pairs one process would produce for the
         whole batch, so Keras' sparse optimizer updates match one process.
-        None stays None. `weighted_in_loss`: the loss was already weighted by
-        the share (`ReplicaStep.weight_loss`); only an empty slice's
-        gradients are then zeroed. Outside a step (or on one process) the
+        None stays None. `variables`: the variable of each gradient (handed
+        to the aggregation hook with its gradient), or None.
+        `weighted_in_loss`: the loss was already weighted by the share
+        (`ReplicaStep.weight_loss`); only an empty slice's gradients are then
+        zeroed. Outside a step (or on one process) the
         gradients are returned unchanged.
         """
         step = replica_step.current()
-        if step is None or self._aggregator is None:
+        if step is None:
             return list(gradients)
         weight = ((lambda dtype: tf.cast(step.has_rows, dtype)) if weighted_in_loss
                   else step.weight)
         result = list(gradients)
+        variables = list(variables) if variables is not None else [None] * len(result)
         dense_positions, dense = [], []
         for position, gradient in enumerate(gradients):
             if gradient is None:
@@ -187,8 +194,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             else:
                 dense_positions.append(position)
                 dense.append(tf.math.multiply_no_nan(gradient, weight(gradient.dtype)))
-        for position, summed in zip(dense_positions,
-                                    self._all_reduce(_tf.ReduceOp.SUM, dense, self._compression)):
+        summed_dense = self._all_reduce(_tf.ReduceOp.SUM, dense, self._compression,
+                                        [variables[p] for p in dense_positions])
+        for position, summed in zip(dense_positions, summed_dense):
             result[position] = summed
         return result
 
@@ -204,8 +212,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
-        if self._communicator is None:
-            return value
         value = tf.convert_to_tensor(value)
         if axis == 0:
             return self._communicator.all_gather(value)
@@ -241,8 +247,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         and the longer rank would wait on a peer that has finished.
         `num_batches` is this rank's batches per epoch, None when unknown.
         """
-        if self._communicator is None:
-            return
         mine = tf.constant([-1 if num_batches is None else num_batches], tf.int64)
         every_rank = self._communicator.all_gather(mine).numpy().tolist()
         known = [n for n in every_rank if n >= 0]
@@ -255,15 +259,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def any_rank(self, flag):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce)."""
-        if self._communicator is None:
-            return bool(flag)
         if self._any_rank_function is None:
             # Compiled once: an eager collective would carry an op timeout, for which
             # TensorFlow parks two threads per call; the call is bounded by the watchdog.
             self._any_rank_function = tf.function(
                 lambda value: self._all_reduce_sum([value])[0])
-        guard = getattr(self._communicator, "expect_progress", None)
-        with guard("stop-flag exchange") if guard else contextlib.nullcontext():
+        with self._communicator.expect_progress("stop-flag exchange"):
             total = self._any_rank_function(tf.constant([1.0 if flag else 0.0]))
         return bool(total.numpy()[0] > 0)
 
@@ -276,7 +277,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     # ---------------------------------------------------------------- steps
     def _call_for_each_replica(self, fn, args, kwargs):
-        if self._communicator is None or replica_step.current() is not None:
+        if self._one_process or replica_step.current() is not None:
             # One process, or a merge_call inside a step (LossScaleOptimizer's
             # apply) returning to the replica: part of the step being traced.
             return super()._call_for_each_replica(fn, args, kwargs)
@@ -300,12 +301,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def _globalize_outputs(self, fn, outputs, step):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
-        if keras_hooks.is_predict_step(fn):
+        if keras_patches.is_predict_step(fn):
             return tf.nest.map_structure(
                 lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
-        model = keras_hooks.model_of_step(fn)
+        model = keras_patches.model_of_step(fn)
         if model is not None and isinstance(outputs, dict):
-            return keras_hooks.global_step_logs(model, outputs, self._share_weighted_sum, step)
+            return keras_patches.global_step_logs(model, outputs, self._share_weighted_sum, step)
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
@@ -353,20 +354,20 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
 
     def __init__(self, make_aggregator, engine="collective", engine_options=None,
                  compression=None):
-        keras_hooks.install()
+        keras_patches.install()
         extended = DataParallelExtended(self, make_aggregator, engine, engine_options or {},
                                         compression)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
-        if extended.communicator is not None:
-            keras_hooks.note_multi_process_strategy()
+        if self.world_size > 1:
+            keras_patches.note_multi_process_strategy()
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
             align_random_state(extended.communicator)
         if extended._cluster.is_chief:  # pylint: disable=protected-access
             logging.info(
                 "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
                 type(self).__name__, self.world_size,
-                getattr(extended._aggregator, "name", "none"),  # pylint: disable=protected-access
+                extended.aggregator.name,
                 engine, extended._compression.name,  # pylint: disable=protected-access
                 extended._cluster.launcher,  # pylint: disable=protected-access
             )

@@ -1,7 +1,22 @@
-"""Where tfdist meets Keras internals: step recognition and chief-only output.
+"""Every place tfdist touches Keras internals: the one module to update for a new Keras.
 
-Keras 3 has no notion of a chief process, so tfdist adds it where a user
-would expect it, without changes to their script:
+Keras 3 has no hook where every rank builds its epoch iterator, where losses
+are scaled for tf.distribute, where optimizers all-reduce, where a `Mean`
+metric is updated or where the fit loop reads `stop_training`; it has no
+notion of a chief process either. This module patches exactly those places
+(and reads the few private attributes tfdist needs: an optimizer's
+learning-rate setting, `BackupAndRestore`'s paths). Nothing else in tfdist
+imports `keras.src` or touches a private Keras attribute.
+
+Supported Keras versions: `SUPPORTED_KERAS` (also declared in
+`pyproject.toml`). At import, `check_keras()` verifies every symbol,
+signature and step structure the patches rely on and raises an ImportError
+naming the Keras version and what changed - a rename in Keras is a loud
+error, never silently per-rank logs. A version outside the range that passes
+the check only logs a warning.
+
+Multi-process behaviour added where a user would expect it, without changes
+to their script:
 
 * non-chief ranks get no progress bar, and their `TensorBoard`,
   `ModelCheckpoint` and `CSVLogger` callbacks are dropped (the chief writes
@@ -21,7 +36,9 @@ would expect it, without changes to their script:
 
 These apply only to models built under a tfdist strategy (the chief-only
 rules on non-chief ranks); everything else is untouched. `install()` is
-idempotent.
+called when the first tfdist strategy is created (`install_data_recording()`,
+the epoch-iterator hook alone, when a tfdist learning-rate callback is
+created); importing tfdist patches nothing. Both are idempotent.
 """
 
 import functools
@@ -32,9 +49,6 @@ import weakref
 import keras
 import tensorflow as tf
 from absl import logging
-# Keras has no public hook where every rank builds its epoch iterator, where
-# losses are scaled for tf.distribute, where optimizers all-reduce, or where
-# a Mean metric is updated: these private modules are where tfdist meets them.
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
@@ -44,13 +58,16 @@ from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.trainers import trainer as keras_trainer_module
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
-from keras.src.utils import file_utils
 
+from tfdist import __version__ as tfdist_version
 from tfdist import _tf
 from tfdist.strategies import replica_step
 from tfdist.strategies.checkpoint_files import save_backup, save_model_atomically
 
+SUPPORTED_KERAS = ((3, 15), (3, 16))  # [lowest, highest) major.minor: pyproject's keras>=3.15,<3.16
+
 _installed = False
+_data_recording_installed = False
 _latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
 _CHIEF_ONLY_WRITERS = (
     keras.callbacks.TensorBoard,
@@ -60,10 +77,121 @@ _CHIEF_ONLY_WRITERS = (
 )
 
 
+def _parameters(function):
+    return list(inspect.signature(inspect.unwrap(function)).parameters)
+
+
+def _names_used(function):
+    """Attribute and global names the code of `function` uses (nested functions included)."""
+    names, codes = set(), [inspect.unwrap(function).__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+    return names
+
+
+def _nested_function_names(function):
+    return {c.co_name for c in inspect.unwrap(function).__code__.co_consts if inspect.iscode(c)}
+
+
+def _keras_changes():
+    """What the patches rely on that this Keras does not have (empty: all is there)."""
+    # pylint: disable=protected-access
+    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    backup = keras.callbacks.BackupAndRestore
+    expectations = {
+        "keras.src.losses.loss.(un)scale_loss_for_distribution": lambda: all(
+            hasattr(keras_loss_module, name)
+            for name in ("scale_loss_for_distribution", "unscale_loss_for_distribution")),
+        "BaseOptimizer.apply(grads, trainable_variables)": lambda: (
+            _parameters(BaseOptimizer.apply)[:3] == ["self", "grads", "trainable_variables"]),
+        "LossScaleOptimizer.apply(grads, trainable_variables)": lambda: (
+            _parameters(LossScaleOptimizer.apply)[:3] == ["self", "grads",
+                                                          "trainable_variables"]),
+        "BaseOptimizer.scale_loss(loss)": lambda: (
+            _parameters(BaseOptimizer.scale_loss) == ["self", "loss"]),
+        "BaseOptimizer._learning_rate / _trainable_variables": lambda: (
+            {"_learning_rate", "_trainable_variables"}
+            <= _names_used(BaseOptimizer.__init__) | _names_used(BaseOptimizer.build)),
+        "TFOptimizer._all_reduce_sum_gradients(grads_and_vars)": lambda: (
+            _parameters(TFOptimizer._all_reduce_sum_gradients) == ["self", "grads_and_vars"]),
+        "keras.metrics.Mean.update_state(values, sample_weight)": lambda: (
+            _parameters(keras.metrics.Mean.update_state)[:3] == ["self", "values",
+                                                                 "sample_weight"]),
+        "fit/evaluate/predict read stop_training/stop_evaluating/stop_predicting": lambda: all(
+            flag in _names_used(loop) for loop, flag in (
+                (trainer.fit, "stop_training"), (trainer.evaluate, "stop_evaluating"),
+                (trainer.predict, "stop_predicting"))),
+        "Model.train_step/test_step": lambda: (
+            callable(keras.Model.train_step) and callable(keras.Model.test_step)),
+        "TensorFlowTrainer.make_predict_function defines the predict step": lambda: (
+            bool(_nested_function_names(trainer.make_predict_function))),
+        "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights": lambda: all(
+            callable(getattr(keras.Model, name)) for name in (
+                "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")),
+        "GeneratorDataAdapter.get_tf_dataset": lambda: (
+            callable(vars(GeneratorDataAdapter)["get_tf_dataset"])),
+        "CallbackList(callbacks, add_history, add_progbar, model)": lambda: (
+            _parameters(keras.callbacks.CallbackList.__init__)[:5] == [
+                "self", "callbacks", "add_history", "add_progbar", "model"]),
+        "TFEpochIterator(distribute_strategy, ...) with data_adapter, num_batches": lambda: (
+            _parameters(TFEpochIterator.__init__)[:2] == ["self", "distribute_strategy"]
+            and {"data_adapter", "num_batches"} <= set(dir(TFEpochIterator)) | _names_used(
+                TFEpochIterator.__mro__[1].__init__)),
+        "BackupAndRestore paths, epoch and batch attributes, _save_model": lambda: (
+            {"_weights_path", "_training_metadata_path", "_prev_weights_path",
+             "_prev_training_metadata_path", "_current_epoch", "_last_batch_seen"}
+            <= _names_used(backup.__init__) and callable(backup._save_model)
+            and "_initial_epoch" in _names_used(backup._load_model)),
+        "Trainer._distribute_strategy": lambda: (
+            "_distribute_strategy" in _names_used(trainer.__init__)),
+    }
+    return [what for what, present in expectations.items() if not _holds(present)]
+
+
+def _holds(expectation):
+    try:
+        return bool(expectation())
+    except (AttributeError, KeyError, TypeError, ValueError):  # a symbol is gone or changed
+        return False
+
+
+def check_keras():
+    """Fail loudly if this Keras lacks what the patches rely on; warn if it is untested."""
+    version = tuple(int(part) for part in keras.__version__.split(".")[:2])
+    changes = _keras_changes()
+    if changes:
+        raise ImportError(
+            f"tfdist {tfdist_version} supports Keras >={'.'.join(map(str, SUPPORTED_KERAS[0]))}"
+            f",<{'.'.join(map(str, SUPPORTED_KERAS[1]))}; Keras {keras.__version__} is "
+            f"installed and has changed what tfdist patches: {'; '.join(changes)}. Install a "
+            "supported Keras (pip install 'keras>=3.15,<3.16')."
+        )
+    if not SUPPORTED_KERAS[0] <= version < SUPPORTED_KERAS[1]:
+        logging.warning("tfdist: Keras %s is outside the tested range [%s, %s); the internals "
+                        "tfdist patches are present, but results are not verified.",
+                        keras.__version__, SUPPORTED_KERAS[0], SUPPORTED_KERAS[1])
+
+
+check_keras()
+
+
+def learning_rate_setting(optimizer):
+    """What `optimizer` was created with as its learning rate (a float, variable or schedule)."""
+    return getattr(optimizer, "_learning_rate", None)
+
+
 def tfdist_strategy(model):
     """The tfdist strategy `model` was built under, or None."""
-    strategy = getattr(model, "_distribute_strategy", None)
-    return strategy if hasattr(strategy, "world_size") and hasattr(strategy, "is_chief") else None
+    strategy = getattr(model, "_distribute_strategy", None)  # pylint: disable=protected-access
+    return strategy if _is_tfdist_strategy(strategy) else None
+
+
+def _is_tfdist_strategy(strategy):
+    from tfdist.strategies.data_parallel import DataParallelStrategy  # it imports this module
+
+    return isinstance(strategy, DataParallelStrategy)
 
 
 def _is_multi_process(model):
@@ -131,9 +259,9 @@ class _StepTimeout(keras.callbacks.Callback):
 
 def _with_step_timeout(model, callbacks):
     strategy = tfdist_strategy(model)
-    communicator = getattr(getattr(strategy, "extended", None), "communicator", None)
-    if communicator is None or not hasattr(communicator, "expect_progress"):
+    if strategy is None or strategy.world_size == 1:
         return callbacks
+    communicator = strategy.extended.communicator
     if callbacks is None:
         callbacks = []
     elif not isinstance(callbacks, (list, tuple)):
@@ -197,12 +325,21 @@ def _restore_only(callback):
     return callback
 
 
+def _save_backup_atomically(callback):
+    """`BackupAndRestore._save_model`, through `checkpoint_files.save_backup`."""
+    # pylint: disable=protected-access
+    previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
+                if callback.double_checkpoint else None)
+    save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
+                previous, {"epoch": callback._current_epoch, "batch": callback._last_batch_seen})
+
+
 def _with_atomic_backups(callbacks):
     """The chief's BackupAndRestore callbacks write their files atomically (`checkpoint_files`)."""
     for callback in keras.tree.flatten(callbacks) if callbacks else []:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             callback._save_model = functools.partial(  # pylint: disable=protected-access
-                save_backup, callback)
+                _save_backup_atomically, callback)
 
 
 def _restored_by_the_chief(callbacks, strategy):
@@ -229,7 +366,7 @@ def _restore_then_broadcast(callback, restore, strategy, logs=None):
     model = callback.model
     restored = False
     if strategy.is_chief:
-        restored = file_utils.exists(callback._weights_path)
+        restored = tf.io.gfile.exists(callback._weights_path)
         restore(logs)
     communicator = strategy.extended.communicator
     state = communicator.broadcast(
@@ -274,7 +411,7 @@ def latest_data_batch_size():
 
 def _in_multi_process_strategy():
     strategy = tf.distribute.get_strategy()
-    return getattr(strategy, "world_size", 1) > 1 and hasattr(strategy, "is_chief")
+    return _is_tfdist_strategy(strategy) and strategy.world_size > 1
 
 
 def _install_loss_scaling():
@@ -314,8 +451,12 @@ def _install_gradient_aggregation():
             if step is None or step.gradients_aggregated:
                 return original(self, grads, trainable_variables)
             strategy = tf.distribute.get_strategy()
+            grads = list(grads)
+            variables = (trainable_variables if trainable_variables is not None
+                         else self._trainable_variables)  # pylint: disable=protected-access
             grads = strategy.extended.aggregate_gradients(
-                list(grads), weighted_in_loss=step.loss_was_weighted_for(self))
+                grads, variables=variables if len(variables) == len(grads) else None,
+                weighted_in_loss=step.loss_was_weighted_for(self))
             with step.aggregated_gradients():
                 return original(self, grads, trainable_variables)
 
@@ -460,6 +601,29 @@ def note_multi_process_strategy():
     _multi_process[0] = True
 
 
+def install_data_recording():
+    """Record the data of every epoch iterator, and compare epoch lengths across ranks.
+
+    Every fit/evaluate/predict (and fit's validation) builds one epoch
+    iterator on every rank in lockstep: the place to compare epoch lengths,
+    and where `latest_data_batch_size` learns the global batch size.
+    """
+    global _data_recording_installed
+    if _data_recording_installed:
+        return
+    _data_recording_installed = True
+    epoch_iterator_init = TFEpochIterator.__init__
+
+    def iterator_init(self, distribute_strategy=None, *args, **kwargs):
+        global _latest_data_adapter
+        epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        _latest_data_adapter = weakref.ref(self.data_adapter)
+        if _is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
+            distribute_strategy.extended.check_same_number_of_batches(self.num_batches)
+
+    TFEpochIterator.__init__ = iterator_init
+
+
 def install():
     """Patch Keras where multi-process training differs from one process (once per process)."""
     global _installed
@@ -490,18 +654,7 @@ def install():
 
     keras.callbacks.CallbackList.__init__ = init
 
-    # Every fit/evaluate/predict (and fit's validation) builds one epoch
-    # iterator on every rank in lockstep: the place to compare epoch lengths.
-    epoch_iterator_init = TFEpochIterator.__init__
-
-    def iterator_init(self, distribute_strategy=None, *args, **kwargs):
-        global _latest_data_adapter
-        epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
-        _latest_data_adapter = weakref.ref(self.data_adapter)
-        if getattr(distribute_strategy, "world_size", 1) > 1:
-            distribute_strategy.extended.check_same_number_of_batches(self.num_batches)
-
-    TFEpochIterator.__init__ = iterator_init
+    install_data_recording()
 
     for method_name in ("save", "save_weights"):
         original = getattr(keras.Model, method_name)

@@ -1,15 +1,10 @@
 """`ParameterServerStrategy`: gradients summed by sharded parameter servers."""
 
-import atexit
-import os
-import subprocess
 import sys
 
 from tfdist import runtime
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
-from tfdist.errors import ClusterError
-from tfdist.launch.ports import pick_ports
-from tfdist.launch.processes import die_with_parent
+from tfdist.aggregation.parameter_server.colocated import ColocatedServer
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
 MODES = ("sync", "async")
@@ -23,7 +18,8 @@ class ParameterServerStrategy(DataParallelStrategy):
     workers (`ParameterServerAggregator`); the Keras optimizer then runs on
     every worker, so any Keras optimizer works and every worker applies the
     same update as a single process on the whole batch. Cost per step for n
-    bytes of gradients over P workers: 2 (alpha + P n / K beta).
+    bytes of gradients over P workers and K servers: 2 (m alpha + P n / K beta)
+    with m = ceil(n / (K piece_bytes)) (see `ParameterServerAggregator`).
 
     Servers are either
     * dedicated processes: `tfdist-run -np N --num-servers K`, or the `ps`
@@ -66,7 +62,7 @@ class ParameterServerStrategy(DataParallelStrategy):
             raise ValueError(f"staleness applies to mode='async' only. Got: {staleness!r}")
         cluster = runtime.cluster()
         if cluster.is_server:
-            from tfdist.server import run_server
+            from tfdist.aggregation.parameter_server.server_process import run_server
 
             sys.exit(run_server(cluster))
         dedicated = cluster.server_addresses
@@ -85,7 +81,7 @@ class ParameterServerStrategy(DataParallelStrategy):
     def _make_aggregator(self, communicator):
         cluster = runtime.cluster()
         if self.colocated:
-            addresses = _start_colocated_server(cluster, communicator)
+            addresses = runtime.close_at_exit(ColocatedServer(cluster, communicator)).addresses
         else:
             addresses = cluster.server_addresses
         if cluster.is_chief:
@@ -93,41 +89,5 @@ class ParameterServerStrategy(DataParallelStrategy):
                   f"{'co-located' if self.colocated else 'dedicated'} server(s) for "
                   f"{cluster.world_size} worker(s): {', '.join(addresses)}",
                   file=sys.stderr, flush=True)
-        aggregator = ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
-                                               cluster.timeout, self.piece_bytes)
-        if communicator is not None:
-            # At exit, peers finishing first is not a failure: stop watching them before the
-            # goodbyes and the wait for co-located servers (atexit runs last-in first-out).
-            atexit.register(communicator.stop_monitor)
-        return aggregator
-
-
-def _start_colocated_server(cluster, communicator):
-    """Start this worker's shard server as a child process; return every worker's server.
-
-    A separate process, not a thread: the server's functions then never run
-    beside this process's tracing of the training functions.
-    """
-    if communicator is None:
-        raise ClusterError("tfdist: a single process has no parameter server to co-locate.")
-    host = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
-    address = f"{host}:{pick_ports(1, host='')[0]}"
-    name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFDIST_", "HOROVOD_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-    env.pop("TF_CONFIG", None)
-    child = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "tfdist.server", "--address", address, "--name", name,
-         "--num-workers", str(cluster.world_size), "--worker-addresses",
-         ",".join(cluster.worker_addresses), "--timeout", str(cluster.timeout)],
-        env=env, preexec_fn=die_with_parent)
-
-    def wait_for_server():
-        # Peers may still be pulling sums from this server: it exits once all said goodbye.
-        try:
-            child.wait(timeout=cluster.timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-
-    atexit.register(wait_for_server)  # runs after the aggregator's goodbye (atexit is LIFO)
-    return communicator.all_gather_strings(address)
+        return ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
+                                         cluster.timeout, self.piece_bytes)

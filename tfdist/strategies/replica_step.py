@@ -8,7 +8,7 @@ weighting every rank's per-slice quantity by its *share* of the global
 batch, n_r / n:
 
 * the step's losses are means over the slice, as on one process (Keras'
-  own 1 / num_replicas scaling is switched off by `keras_hooks`), so the
+  own 1 / num_replicas scaling is switched off by `keras_patches`), so the
   global gradient is sum_r (n_r / n) * grad_r - what one process computes
   for a mean loss over the global batch, for any split. When the step
   calls `optimizer.scale_loss` (Keras' own train_step does), the share is

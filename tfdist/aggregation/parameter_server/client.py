@@ -1,8 +1,6 @@
-"""Parameter server (synchronous): workers push gradient pieces to sharded servers and
-pull back the sums."""
+"""The worker side of the parameter server: the aggregation hook that pushes and pulls."""
 
-import atexit
-import itertools
+import math
 import os
 import sys
 import threading
@@ -10,60 +8,17 @@ import weakref
 
 import tensorflow as tf
 
-from tfdist.aggregation import shard_server
 from tfdist.aggregation.base import Aggregator
-from tfdist.aggregation.fusion import FusionPlan, near_equal_sizes, split_flat
+from tfdist.aggregation.fusion import FusionPlan, split_flat
+from tfdist.aggregation.parameter_server import protocol
+from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES, ShardPlan
+from tfdist.comm.liveness import PROBE_INTERVAL_SECONDS, ProbeCounter, connection_refused
 from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES, RpcClient
-from tfdist.errors import tfdist_assertion
-from tfdist.launch.ports import connection_refused
+from tfdist.errors import explain_uncaught, tfdist_assertion
 
-DEFAULT_PIECE_BYTES = 1024 * 1024
-MIN_SPLIT_BYTES = 64 * 1024
 LOGGED_PLAN_MIN_BYTES = 256
 GOODBYE_TIMEOUT_SECONDS = 5.0
 _UNLIMITED_BUCKET = 1 << 62
-
-
-class ShardPlan:
-    """How one flat buffer of `num_elements` is cut into pieces and spread over servers.
-
-    The buffer is cut into a multiple of K near-equal pieces of at most
-    `piece_bytes` each (so large variables are split, and every message stays
-    under gRPC's limit), and piece i goes to server (first_server + i) mod K:
-    every server carries the same number of pieces, whose sizes differ by at
-    most one element, so no server moves more than 1/K of the bytes plus one
-    element per piece. Buffers under K * `MIN_SPLIT_BYTES` are latency-bound:
-    they are cut into fewer pieces of at least `MIN_SPLIT_BYTES` (one for
-    metric state), and successive call sites start at successive servers.
-    """
-
-    def __init__(self, num_elements, element_bytes, num_servers, piece_bytes, first_server=0):
-        self.num_servers = int(num_servers)
-        self.element_bytes = element_bytes
-        total = num_elements * element_bytes
-        if total < num_servers * MIN_SPLIT_BYTES:
-            # Small buffers are latency-bound: pieces of at least MIN_SPLIT_BYTES only.
-            count = total // MIN_SPLIT_BYTES
-        else:
-            count = num_servers * -(-total // (num_servers * piece_bytes))
-        self.sizes = near_equal_sizes(num_elements, count)
-        self.servers = [(first_server + i) % self.num_servers for i in range(len(self.sizes))]
-
-    def bytes_per_server(self):
-        totals = [0] * self.num_servers
-        for size, server in zip(self.sizes, self.servers):
-            totals[server] += size * self.element_bytes
-        return totals
-
-    def describe(self):
-        totals = ", ".join(f"server {k}: {b / 1e6:.3f} MB" for k, b in
-                           enumerate(self.bytes_per_server()))
-        return f"{len(self.sizes)} pieces of at most {max(self.sizes) * self.element_bytes} B ({totals})"
-
-
-def _wire(dtype):
-    """The dtype a tensor travels as: float16 stays float16, everything else float32."""
-    return ("f16", tf.float16) if dtype == tf.float16 else ("f32", tf.float32)
 
 
 class ParameterServerAggregator(Aggregator):
@@ -111,6 +66,7 @@ class ParameterServerAggregator(Aggregator):
         if not 0 < int(piece_bytes) <= MAX_MESSAGE_BYTES - 64 * 1024:
             raise ValueError(f"piece_bytes must be in (0, {MAX_MESSAGE_BYTES - 64 * 1024}] "
                              f"(gRPC's message limit). Got: {piece_bytes!r}")
+        super().__init__()
         self.rank = rank
         self.world_size = world_size
         self.piece_bytes = int(piece_bytes)
@@ -122,14 +78,12 @@ class ParameterServerAggregator(Aggregator):
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_ps_step")
         self._next_slot = 0
         self._slot_lock = threading.Lock()
-        self._call_sites = itertools.count()
         self._chains = weakref.WeakKeyDictionary()  # graph -> {(server, "push"|"pull"): op}
         self._largest_logged = 0  # bytes of the largest buffer whose partition was printed
         self._stop = threading.Event()
-        self._checkin(shard_server.HELLO)
+        self._checkin(protocol.HELLO)
         threading.Thread(target=self._watch_servers, daemon=True, name="tfdist-ps-watch").start()
-        self._install_excepthook()
-        atexit.register(self.close)
+        explain_uncaught(self._explain_failure)
 
     # ------------------------------------------------------------ liveness
     def _checkin(self, state, timeout=None):
@@ -139,43 +93,33 @@ class ParameterServerAggregator(Aggregator):
 
     def _watch_servers(self):
         """Probe the servers' ports (no TensorFlow in this thread); exit if one is gone."""
-        refusals = [0] * len(self.clients)
-        while not self._stop.wait(shard_server.PROBE_INTERVAL_SECONDS):
-            for server, client in enumerate(self.clients):
-                refusals[server] = refusals[server] + 1 if connection_refused(client.address) else 0
-                gone = refusals[server] >= shard_server.PROBES_BEFORE_FAILING
-                if gone and not self._stop.is_set():
-                    # Training is blocked in calls to the dead server, which cannot be
-                    # cancelled: say why and exit.
-                    self._report_dead_server(client)
-                    os._exit(1)  # pylint: disable=protected-access
+        probes = ProbeCounter([client.address for client in self.clients], connection_refused)
+        while not self._stop.wait(PROBE_INTERVAL_SECONDS):
+            gone = probes.probe()
+            if gone and not self._stop.is_set():
+                # Training is blocked in calls to the dead server, which cannot be
+                # cancelled: say why and exit.
+                print(self._dead_server_line(self.clients[gone[0]]), file=sys.stderr, flush=True)
+                os._exit(1)  # pylint: disable=protected-access
 
-    def _report_dead_server(self, client):
-        print(f"tfdist rank {self.rank}: {client.description} is unreachable "
-              "(connection refused); it has probably died. Stopping this worker.",
-              file=sys.stderr, flush=True)
+    def _dead_server_line(self, client):
+        return (f"tfdist rank {self.rank}: {client.description} is unreachable "
+                "(connection refused); it has probably died. Stopping this worker.")
 
-    def _install_excepthook(self):
+    def _explain_failure(self, error):
         """When a call to a server fails and training stops, say which server is gone.
 
         A step blocked on a dead server fails either here (the call errors) or
         in the watcher (its probes are refused), whichever comes first; both
         end with the same line naming the server.
         """
-        previous = sys.excepthook
-
-        def hook(kind, value, traceback):
-            previous(kind, value, traceback)
-            if "parameter server" in str(value) and not self._stop.is_set():
-                self._stop.set()
-                summary = tfdist_assertion(value)
-                if summary:  # the step's own check, as one line after the traceback
-                    print(summary, file=sys.stderr, flush=True)
-                for client in self.clients:
-                    if connection_refused(client.address):
-                        self._report_dead_server(client)
-
-        sys.excepthook = hook
+        if "parameter server" not in str(error) or self._stop.is_set():
+            return None
+        self._stop.set()
+        lines = [tfdist_assertion(error)]  # the step's own check, as one line
+        lines += [self._dead_server_line(client) for client in self.clients
+                  if connection_refused(client.address)]
+        return "\n".join(line for line in lines if line) or None
 
     def server_stats(self):
         """Per server: {"pid", "bytes_received", "pieces_received"} since it started (eager)."""
@@ -187,12 +131,16 @@ class ParameterServerAggregator(Aggregator):
         return stats
 
     def close(self):
-        """Tell the servers this worker is done (at exit); they stop when all are."""
+        """Tell the servers this worker is done; they stop when all are. Idempotent.
+
+        Called at the end of the process (`tfdist.runtime.shutdown`), or on
+        leaving a `with` block around the aggregator.
+        """
         if self._stop.is_set():
             return
         self._stop.set()
         try:
-            self._checkin(shard_server.GOODBYE, timeout=GOODBYE_TIMEOUT_SECONDS)
+            self._checkin(protocol.GOODBYE, timeout=GOODBYE_TIMEOUT_SECONDS)
         except Exception:  # pylint: disable=broad-except
             pass  # a server that is already gone needs no goodbye
 
@@ -214,22 +162,31 @@ class ParameterServerAggregator(Aggregator):
         chains[(server, kind)] = tf.nest.flatten(result)[0]
         return result
 
-    def all_reduce(self, tensors):
-        if not tensors:
-            return []
-        wires = [_wire(t.dtype) for t in tensors]
+    def reduce_bucket(self, bucket):
+        tensors = list(bucket.tensors)
+        wires = [protocol.wire_of(t.dtype) for t in tensors]
         on_wire = [tf.cast(t, dtype) if t.dtype != dtype else t
                    for t, (_, dtype) in zip(tensors, wires)]
         plan = FusionPlan(on_wire, _UNLIMITED_BUCKET)
         step = self._step.assign_add(1)
-        summed = plan.unpack([self._reduce_flat(flat, step) for flat in plan.pack(on_wire)])
+        summed = plan.unpack([self._reduce_flat(flat, step, bucket.index + offset)
+                              for offset, flat in enumerate(plan.pack(on_wire))])
         return [tf.cast(s, t.dtype) if s.dtype != t.dtype else s for s, t in zip(summed, tensors)]
 
-    def _reduce_flat(self, flat, step):
-        wire, _ = _wire(flat.dtype)
-        # Successive call sites start at successive servers (balances small buffers).
+    @classmethod
+    def predict_seconds(cls, n_bytes, world_size, alpha, beta, num_servers=1,
+                        piece_bytes=DEFAULT_PIECE_BYTES):
+        """2 (m alpha + P n / K beta), m = ceil(n / (K b)) chained calls per server."""
+        if world_size == 1:
+            return 0.0
+        pieces = max(1, math.ceil(n_bytes / (num_servers * piece_bytes)))
+        return 2 * (pieces * alpha + world_size * n_bytes / num_servers * beta)
+
+    def _reduce_flat(self, flat, step, first_server):
+        wire, _ = protocol.wire_of(flat.dtype)
+        # Successive buckets start at successive servers (balances small buffers).
         plan = ShardPlan(flat.shape.num_elements(), flat.dtype.size, len(self.clients),
-                         self.piece_bytes, first_server=next(self._call_sites))
+                         self.piece_bytes, first_server=first_server)
         self._log_plan(plan, flat)
         first_slot = self._reserve_slots(len(plan.sizes))
         pieces = split_flat(flat, plan.sizes)
@@ -237,13 +194,13 @@ class ParameterServerAggregator(Aggregator):
         for index, (piece, server) in enumerate(zip(pieces, plan.servers)):
             client, slot = self.clients[server], tf.constant(first_slot + index, tf.int64)
             pushed = self._chained(server, "push", lambda: client.call(
-                shard_server.push_method(wire), [tf.constant(self.rank), slot, step, piece],
+                protocol.push_method(wire), [tf.constant(self.rank), slot, step, piece],
                 tf.TensorSpec([], tf.int32)))
             pulled_slot, pulled_step, total = self._chained(server, "pull", lambda: client.call(
-                shard_server.pull_method(wire), [tf.constant(self.rank)],
-                shard_server.pull_specs(wire)))
+                protocol.pull_method(wire), [tf.constant(self.rank)],
+                protocol.pull_specs(wire)))
             stopped = tf.debugging.Assert(
-                tf.not_equal(pulled_slot, shard_server.STOPPED_SLOT),
+                tf.not_equal(pulled_slot, protocol.STOPPED_SLOT),
                 [f"tfdist rank {self.rank}: {client.description} stopped because worker rank",
                  pulled_step, "is gone (it has probably died; see its output)."])
             with tf.control_dependencies([stopped]):

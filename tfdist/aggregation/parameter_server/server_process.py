@@ -1,4 +1,4 @@
-"""A parameter-server process: `python -m tfdist.server`.
+"""A parameter-server process: `python -m tfdist.server` (this module's `main`).
 
 Serves one shard of `ParameterServerStrategy` until every worker has
 finished (exit code 0) or a worker fails (exit code 1, with a message naming
@@ -24,13 +24,13 @@ import sys
 
 from absl import logging
 
-from tfdist import runtime
+from tfdist import cluster as cluster_lib
 from tfdist.errors import ClusterError
 
 
 def serve(address, num_workers, name, timeout, worker_addresses):
     """Run one shard server until it is done; return the process exit code."""
-    from tfdist.aggregation.shard_server import ShardServer
+    from tfdist.aggregation.parameter_server.shard_server import ShardServer
 
     server = ShardServer(address, num_workers, name, timeout, worker_addresses)
     code = server.serve()
@@ -69,14 +69,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.set_verbosity(logging.INFO)
     if args.address is None:
-        return run_server(runtime.cluster())
+        return run_server(cluster_lib.discover())
     if not args.num_workers or args.num_workers < 1:
         parser.error("--num-workers must be >= 1 with --address")
-    timeout = args.timeout or runtime.cluster().timeout
+    timeout = args.timeout or cluster_lib.discover().timeout
     workers = [a for a in args.worker_addresses.split(",") if a]
     return serve(args.address, args.num_workers, args.name or f"parameter server ({args.address})",
                  timeout, workers)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

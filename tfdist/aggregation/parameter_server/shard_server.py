@@ -1,7 +1,7 @@
 """The server side of the parameter server: one shard server sums what the workers push.
 
 Each worker sends the pieces it owns on this server in one fixed order
-(`ParameterServerAggregator` chains its calls), so the server needs no
+(`client.ParameterServerAggregator` chains its calls; `protocol`), so the server needs no
 knowledge of the model: per worker it keeps an inbox and an outbox queue
 (per wire dtype). A reducer thread takes the next piece from every inbox,
 checks that all workers sent the same piece of the same step, adds them in
@@ -16,7 +16,7 @@ modes too: there a reducer applies each piece as it arrives.
 
 Liveness: each worker checks in (`checkin`, HELLO) when it starts and says
 goodbye at exit. The server probes the port of every checked-in worker
-(`tfdist.launch.ports.connection_refused`): a worker whose process is gone
+(`tfdist.comm.liveness`): a worker whose process is gone
 (or one that never checks in within the job timeout) fails the server with
 a message naming it; the server then closes its queues, so workers waiting
 on it fail too instead of hanging. When every worker has said goodbye the
@@ -31,29 +31,14 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from tfdist.aggregation.parameter_server.protocol import (GOODBYE, HELLO, STOPPED_SLOT,
+                                                          WIRE_DTYPES, pull_method,
+                                                          push_method)
 from tfdist.comm import tf_rpc
-from tfdist.launch.ports import connection_refused
+from tfdist.comm.liveness import PROBE_INTERVAL_SECONDS, ProbeCounter, connection_refused
 
-WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
-PROBE_INTERVAL_SECONDS = 2.0
-PROBES_BEFORE_FAILING = 2
 REDUCER_EXIT_SECONDS = 30.0
 QUEUE_CAPACITY = 1 << 20
-HELLO, GOODBYE = 1, 2  # check-in states
-STOPPED_SLOT = -1  # a pull answered with this slot: the server stopped; step = the dead worker
-
-
-def push_method(wire):
-    return f"push_{wire}"
-
-
-def pull_method(wire):
-    return f"pull_{wire}"
-
-
-def pull_specs(wire):
-    return (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
-            tf.TensorSpec([None], WIRE_DTYPES[wire]))
 
 
 class ShardServer:
@@ -191,45 +176,46 @@ class ShardServer:
                 for queue in queues:
                     queue.close(cancel_pending_enqueues=True)
 
-    def _check_workers(self, checkins, started, refusals):
+    def _check_workers(self, checkins, started, probes):
+        connected = []
         for worker, state in enumerate(checkins):
-            if state == GOODBYE:
-                continue
-            if state < HELLO:
-                if time.time() - started > self.timeout:
-                    self._fail(f"tfdist {self.name}: worker rank {worker} did not connect within "
-                               f"the {self.timeout:g} s timeout.")
-                continue
-            if not self.worker_addresses:
-                continue
-            address = self.worker_addresses[worker]
-            refusals[worker] = refusals[worker] + 1 if connection_refused(address) else 0
-            if refusals[worker] >= PROBES_BEFORE_FAILING:
-                self._fail(f"tfdist {self.name}: worker rank {worker} ({address}) is gone "
-                           "(connection refused) without saying goodbye; it has probably died "
-                           f"(last step it pushed: {int(self.clock.numpy()[worker])}).",
-                           dead_worker=worker)
+            if state < HELLO and time.time() - started > self.timeout:
+                self._fail(f"tfdist {self.name}: worker rank {worker} did not connect within "
+                           f"the {self.timeout:g} s timeout.")
+            elif state == HELLO:
+                connected.append(worker)
+        if probes is None:
+            return
+        for worker in probes.probe(connected):
+            if checkins[worker] == HELLO:
+                self._fail(f"tfdist {self.name}: worker rank {worker} "
+                           f"({self.worker_addresses[worker]}) is gone (connection refused) "
+                           "without saying goodbye; it has probably died (last step it pushed: "
+                           f"{int(self.clock.numpy()[worker])}).", dead_worker=worker)
+                return
 
     def serve(self):
         """Run until every worker has said goodbye (returns 0) or one fails (returns 1).
 
         On return the reducer threads have finished (`reducers_stopped`), unless
         one is still inside TensorFlow after `REDUCER_EXIT_SECONDS`: then the
-        caller must not tear the interpreter down under it (`tfdist.server`).
+        caller must not tear the interpreter down under it (`server_process`).
         """
         logging.info("tfdist %s: serving %d workers", self.name, self.num_workers)
         threads = [threading.Thread(target=self._reduce_forever, args=(wire,), daemon=True,
                                     name=f"tfdist-reducer-{wire}") for wire in WIRE_DTYPES]
         for thread in threads:
             thread.start()
-        started, refusals = time.time(), [0] * self.num_workers
+        started = time.time()
+        probes = (ProbeCounter(self.worker_addresses, connection_refused)
+                  if self.worker_addresses else None)
         while not self._stopped.wait(PROBE_INTERVAL_SECONDS):
             checkins = self._checkins.numpy()
             if (checkins == GOODBYE).all():
                 logging.info("tfdist %s: all workers finished; stopping", self.name)
                 self._stopped.set()
                 break
-            self._check_workers(checkins, started, refusals)
+            self._check_workers(checkins, started, probes)
         self._close_queues()  # wakes the reducers: their dequeues fail
         deadline = time.monotonic() + REDUCER_EXIT_SECONDS
         for thread in threads:

@@ -1,0 +1,122 @@
+"""What every benchmark shares: the environment, launching jobs, timing steps, writing results.
+
+* `environment()`: versions, CPUs, date and the git commit of the code that
+  produced a result (with `-dirty` when the tree had uncommitted changes), so
+  every JSON under `benchmarks/results/` says what it measured;
+* `launch` / `launch_rows`: run a worker script under `tfdist-run`;
+* `StepTimer`: a Keras callback timing every train step after the first epoch
+  (compilation and warm-up excluded);
+* `write_result`: write `benchmarks/results/<name>` with the environment.
+
+Results are ratios within one run: these machines are shared and noisy.
+"""
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+
+def git_commit():
+    """The checked-out commit ("<sha>-dirty" with uncommitted changes), or "unknown"."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty.strip() else "")
+
+
+def environment():
+    """Where and on what a result was measured (imports TensorFlow)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "transport": "loopback",
+    }
+
+
+def launch(np_, worker, args, flags=()):
+    """Run benchmarks/`worker` under tfdist-run with np_ processes; fail loudly."""
+    command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_), *flags, sys.executable,
+               os.path.join(HERE, worker)] + [str(a) for a in args]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    print("$", " ".join(command[2:]), flush=True)
+    subprocess.run(command, env=env, check=True)
+
+
+def launch_rows(tmp, worker, launches, args=()):
+    """Run `worker` once per (processes, launcher flags); return all the rows it wrote.
+
+    The worker's first argument is the JSON file it writes its rows to.
+    """
+    rows = []
+    for index, (np_, flags) in enumerate(launches):
+        out = os.path.join(tmp, f"{os.path.splitext(worker)[0]}{index}.json")
+        launch(np_, worker, [out, *args], flags=flags)
+        with open(out) as f:
+            rows.extend(json.load(f))
+    return rows
+
+
+def write_result(name, result):
+    """Write `result` to benchmarks/results/`name`, with the environment if it has none."""
+    result = dict(result)
+    result.setdefault("environment", environment())
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, name)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}: {json.dumps(result.get('summary', {}))}", flush=True)
+    return result
+
+
+def _step_timer_class():
+    import keras  # pylint: disable=import-outside-toplevel
+
+    class StepTimer(keras.callbacks.Callback):
+        """Seconds of every train step (`times`) after the first epoch (compilation, warm-up).
+
+        Subclasses may extend `on_epoch_begin` / `on_epoch_end` to measure more per epoch.
+        """
+
+        def __init__(self):
+            super().__init__()
+            self.times, self.epoch, self.start = [], 0, None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch > 0:
+                self.times.append(time.perf_counter() - self.start)
+
+    return StepTimer
+
+
+def __getattr__(name):
+    # StepTimer needs Keras (and so TensorFlow): built on first use, so that tools that only
+    # launch jobs (tfdist-bench, the stress harness) start without importing TensorFlow.
+    if name == "StepTimer":
+        globals()[name] = _step_timer_class()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

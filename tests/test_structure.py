@@ -1,0 +1,99 @@
+"""The package's structure: layers point down, importing patches nothing, Keras is checked."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
+
+# Lowest first. A module may import from its own layer and the layers below it.
+LAYERS = [
+    ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes"),
+    ("tfdist.comm",),
+    ("tfdist.aggregation",),
+    ("tfdist.runtime",),
+    ("tfdist.strategies", "tfdist.optimizers"),
+    ("tfdist.callbacks",),
+    ("tfdist.launch", "tfdist.server"),
+]
+
+
+def _layer(module):
+    for level, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    if module == "tfdist":
+        return -1  # the package's lazy __init__ (it imports nothing of tfdist)
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it there")
+
+
+def _tfdist_imports(path):
+    """Every tfdist module `path` imports, at the top or inside functions."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("tfdist"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdist"):
+            if node.module == "tfdist":  # from tfdist import runtime, _tf, __version__
+                yield from (f"tfdist.{alias.name}" for alias in node.names
+                            if not alias.name.startswith("__"))
+            else:
+                yield node.module
+
+
+def _module_name(path):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for imported in _tfdist_imports(path):
+            if _layer(imported) > _layer(module):
+                upward.append(f"{module} imports {imported}")
+    assert not upward, "imports that point up: " + "; ".join(upward)
+
+
+def test_importing_tfdist_patches_nothing_in_keras():
+    """`import tfdist.callbacks` (and the strategies module) leave Keras untouched."""
+    code = """
+import keras
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+before = (keras.callbacks.CallbackList.__init__, TFEpochIterator.__init__, BaseOptimizer.apply,
+          keras.Model.save, keras.metrics.Mean.update_state)
+import tfdist.callbacks, tfdist.strategies
+after = (keras.callbacks.CallbackList.__init__, TFEpochIterator.__init__, BaseOptimizer.apply,
+         keras.Model.save, keras.metrics.Mean.update_state)
+assert before == after, "importing tfdist patched Keras"
+tfdist.callbacks.LearningRateWarmup(warmup_epochs=1)
+assert TFEpochIterator.__init__ is not before[1], "a tfdist LR callback records the data"
+assert keras.callbacks.CallbackList.__init__ is before[0], "and patches nothing else"
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    from tfdist.strategies import keras_patches
+
+    assert keras_patches._keras_changes() == []  # pylint: disable=protected-access
+
+    def scale_loss(self, loss, extra):  # a signature Keras might change to
+        return loss
+
+    monkeypatch.setattr(BaseOptimizer, "scale_loss", scale_loss)
+    monkeypatch.delattr(keras_patches.GeneratorDataAdapter, "get_tf_dataset")
+    with pytest.raises(ImportError, match=r"Keras 3\.\d+\.\d+ is installed and has changed what "
+                       r"tfdist patches: BaseOptimizer\.scale_loss\(loss\); "
+                       r"GeneratorDataAdapter\.get_tf_dataset"):
+        keras_patches.check_keras()

@@ -1,0 +1,56 @@
+"""A worker's co-located shard server: a child process with an explicit lifecycle.
+
+Without dedicated servers (e.g. under horovodrun) every worker hosts one
+shard server, so K = P. It runs as a separate process, not a thread, so the
+server's functions never run beside this process's tracing of the training
+functions. The child dies with its parent (`tfdist.child_processes`).
+
+`close()` waits for the server to finish - it stops once every worker said
+goodbye, and peers may still be pulling sums from it when this worker is
+done - and kills it after the job timeout.
+"""
+
+import os
+import subprocess
+import sys
+
+from tfdist.child_processes import die_with_parent
+from tfdist.comm.ports import pick_ports
+
+
+class ColocatedServer:
+    """Start this worker's shard server; `addresses` are every worker's servers.
+
+    Args:
+        cluster: this worker's `tfdist.cluster.Cluster`.
+        communicator: the job's `tfdist.comm.base.Communicator` (to swap addresses).
+    """
+
+    def __init__(self, cluster, communicator):
+        host = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
+        address = f"{host}:{pick_ports(1, host='')[0]}"
+        name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TFDIST_", "HOROVOD_"))}
+        env.update(TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+        env.pop("TF_CONFIG", None)
+        self.timeout = cluster.timeout
+        self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "tfdist.server", "--address", address, "--name", name,
+             "--num-workers", str(cluster.world_size), "--worker-addresses",
+             ",".join(cluster.worker_addresses), "--timeout", str(cluster.timeout)],
+            env=env, preexec_fn=die_with_parent)
+        self.addresses = communicator.all_gather_strings(address)
+
+    def close(self):
+        """Wait for the server to stop (all workers said goodbye); kill it after the timeout."""
+        try:
+            self.process.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

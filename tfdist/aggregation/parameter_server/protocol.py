@@ -1,0 +1,40 @@
+"""What travels between parameter-server workers and shard servers.
+
+A shard server exposes these functions over TensorFlow's RPC runtime
+(`tfdist.comm.tf_rpc`), per wire dtype:
+
+* `push_<wire>(worker, slot, step, values)`: a worker's piece `slot` of
+  step `step` (a flat tensor);
+* `pull_<wire>(worker)`: the next sum for this worker, as (slot, step,
+  values); a slot of `STOPPED_SLOT` means the server stopped because the
+  worker whose rank is in `step` is gone;
+* `checkin(worker, state)`: `HELLO` when a worker starts, `GOODBYE` when it
+  is done (the server stops once every worker said goodbye);
+* `stats()`: [process id, bytes received, pieces received].
+
+Tensors travel as float16 if they are float16, else as float32 (`wire_of`).
+"""
+
+import tensorflow as tf
+
+WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
+HELLO, GOODBYE = 1, 2  # check-in states
+STOPPED_SLOT = -1  # a pull answered with this slot: the server stopped; step = the dead worker
+
+
+def wire_of(dtype):
+    """(wire name, wire dtype) a tensor of `dtype` travels as."""
+    return ("f16", tf.float16) if dtype == tf.float16 else ("f32", tf.float32)
+
+
+def push_method(wire):
+    return f"push_{wire}"
+
+
+def pull_method(wire):
+    return f"pull_{wire}"
+
+
+def pull_specs(wire):
+    return (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
+            tf.TensorSpec([None], WIRE_DTYPES[wire]))

@@ -1,0 +1,121 @@
+"""The `Communicator` protocol: what every engine adapter offers the layers above it.
+
+Aggregation algorithms and strategies talk to the other processes only
+through these methods, whichever engine carries them: TensorFlow's
+collective ops (`tf_collective`), Horovod (`horovod`), or nothing at all
+(`single_process`: one process, every collective is the identity). So no
+caller asks "is there a communicator" or "can it do X" by probing
+attributes: it asks the protocol (`supports_point_to_point`,
+`fuses_tensors`), and an engine without a capability raises an error that
+names the engine.
+
+Collectives work in eager mode and inside `tf.function` alike, and every
+rank must issue the same collectives in the same order (ranks running the
+same script do). Tensors are summed element-wise (`all_reduce`), concatenated
+along axis 0 in rank order (`all_gather`, rows may differ per rank), or
+copied from a root (`broadcast`).
+
+Liveness (`tfdist.comm.liveness`): a communicator notices peers that are
+gone while this process waits on them and fails the wait with a message
+naming the peer; `expect_progress` bounds one call of a compiled function
+whose collectives carry no timeout of their own; `stop_watching` ends that
+watch at the end of a job (peers finishing first are no failure).
+"""
+
+import abc
+import contextlib
+
+import tensorflow as tf
+
+
+class Communicator(abc.ABC):
+    """Collectives among the training processes of one job.
+
+    Attributes:
+        rank: this process's index, 0 .. world_size - 1 (0 is the chief).
+        world_size: number of training processes P.
+        engine: the engine's name ("collective", "horovod", "single-process").
+        fuses_tensors: True if `grouped_all_reduce` packs its tensors into
+            buffers itself (Horovod's tensor fusion); algorithms then hand the
+            whole group to the engine instead of fusing it first.
+        supports_point_to_point: True if `send` / `recv` are available.
+    """
+
+    rank = 0
+    world_size = 1
+    engine = "abstract"
+    fuses_tensors = False
+    supports_point_to_point = False
+
+    # ---------------------------------------------------------- collectives
+    @abc.abstractmethod
+    def all_reduce(self, tensor):
+        """Element-wise sum of `tensor` over all ranks (every rank gets it)."""
+
+    def grouped_all_reduce(self, tensors):
+        """Element-wise sums of several tensors (one `all_reduce` each unless the engine groups)."""
+        return [self.all_reduce(tensor) for tensor in tensors]
+
+    @abc.abstractmethod
+    def all_gather(self, tensor):
+        """Every rank's `tensor` concatenated along axis 0, in rank order (rows may differ)."""
+
+    def all_gather_strings(self, text, max_bytes=1024):
+        """Every rank's string `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""
+        data = text.encode()
+        if len(data) > max_bytes:
+            raise ValueError(f"string of {len(data)} bytes exceeds {max_bytes}. Got: {text!r}")
+        codes = tf.constant([list(data) + [0] * (max_bytes - len(data))], tf.int32)
+        return [bytes(int(c) for c in row if c).decode()
+                for row in self.all_gather(codes).numpy()]
+
+    @abc.abstractmethod
+    def broadcast(self, tensor, root=0):
+        """Every rank gets `root`'s `tensor` (same shape and dtype on every rank)."""
+
+    def barrier(self):
+        """Return once every rank has called `barrier` (eager)."""
+        self.all_reduce(tf.zeros([1])).numpy()
+
+    # ------------------------------------------------------- point to point
+    def reserve_instance_keys(self, count):
+        """The first of `count` consecutive keys that pair a `send` with its `recv`.
+
+        Every rank reserves the same blocks in the same order, also for
+        transfers it does not take part in, so keys agree across ranks.
+        """
+        raise self._no_point_to_point()
+
+    def send(self, tensor, peer, instance_key):
+        """Send `tensor` to rank `peer`, which calls `recv` with the same key."""
+        raise self._no_point_to_point()
+
+    def recv(self, shape, dtype, peer, instance_key):
+        """The tensor rank `peer` sends with `instance_key`."""
+        raise self._no_point_to_point()
+
+    def _no_point_to_point(self):
+        return NotImplementedError(
+            f"the {self.engine} engine offers no point-to-point transfers; use TensorFlow's "
+            "collectives (engine 'collective')."
+        )
+
+    # ------------------------------------------------------------- liveness
+    def expect_progress(self, description):
+        """Context manager bounding one call of a compiled function with collectives.
+
+        Engines whose collectives time out by themselves need nothing here.
+        """
+        del description
+        return contextlib.nullcontext()
+
+    def gone_peers(self):
+        """Ranks whose process is gone now (to explain a failure); [] if unknown."""
+        return []
+
+    def stop_watching(self):
+        """Stop watching the peers: from now on, a peer that exits is no failure."""
+
+    def close(self):
+        """Release what the communicator holds (at the end of the process)."""
+        self.stop_watching()
