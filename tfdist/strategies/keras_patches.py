@@ -123,8 +123,10 @@ def _keras_changes():
             flag in _names_used(loop) for loop, flag in (
                 (trainer.fit, "stop_training"), (trainer.evaluate, "stop_evaluating"),
                 (trainer.predict, "stop_predicting"))),
-        "Model.train_step/test_step": lambda: (
-            callable(keras.Model.train_step) and callable(keras.Model.test_step)),
+        "fit/evaluate run Model.train_step/test_step through distribute_strategy.run": lambda: (
+            "train_step" in _names_used(trainer.make_train_function)
+            and "test_step" in _names_used(trainer.make_test_function)
+            and "run" in _names_used(trainer._make_function)),
         "TensorFlowTrainer.make_predict_function defines the predict step": lambda: (
             bool(_nested_function_names(trainer.make_predict_function))),
         "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights": lambda: all(
