@@ -71,6 +71,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._aggregator = runtime.close_at_exit(make_aggregator(self._communicator))
         self._local_state = LocalStateSync(self, self._all_reduce_sum)
         self._any_rank_function = None
+        # Asynchronous parameter server only: the servers apply the updates (`async_client`).
+        self.remote_updates = None
 
     @property
     def communicator(self):
@@ -257,8 +259,15 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "on every rank; tfdist gives each rank its slice of every global batch."
             )
 
-    def any_rank(self, flag):
-        """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce)."""
+    def any_rank(self, flag, batch_level=False):
+        """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce).
+
+        With asynchronous updates the workers are not in step during `fit`: a
+        flag read after a batch (`batch_level`) stays this rank's own, and the
+        ranks decide together at the end of each epoch.
+        """
+        if batch_level and self.remote_updates is not None:
+            return bool(flag)
         if self._any_rank_function is None:
             # Compiled once: an eager collective would carry an op timeout, for which
             # TensorFlow parks two threads per call; the call is bounded by the watchdog.
@@ -281,6 +290,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             # One process, or a merge_call inside a step (LossScaleOptimizer's
             # apply) returning to the replica: part of the step being traced.
             return super()._call_for_each_replica(fn, args, kwargs)
+        if self.remote_updates is not None and keras_patches.is_train_step(fn):
+            return self._remote_train_step(fn, args, kwargs)
         step = self._begin_replica_step(args)
         with replica_step.active(step):
             args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
@@ -291,6 +302,57 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 updates = self._local_state.end_step(step)
             with tf.control_dependencies(updates):
                 return self._globalize_outputs(fn, outputs, step)
+
+    def _remote_train_step(self, fn, args, kwargs):
+        """An asynchronous worker's train step: pull, compute, push (no collective).
+
+        Each worker weights its gradient by 1 / P (Keras' convention for P
+        replicas), so P worker updates weigh one synchronous step; logs and
+        metric state stay this worker's own.
+        """
+        model = keras_patches.model_of_step(fn)
+        if model.optimizer is None:
+            raise ValueError("tfdist asynchronous parameter server: compile the model with an "
+                             "optimizer before fit.")
+        keras_patches.check_asynchronous_optimizer(model.optimizer)
+        parameter_set = self.remote_updates.parameter_set(model.optimizer,
+                                                          model.trainable_variables)
+        pulls = self.remote_updates.begin_step(*parameter_set)
+        local_rows = batch_rows(args)
+        step = replica_step.ReplicaStep(
+            local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size)
+        step.remote_parameter_set = parameter_set
+        with replica_step.active(step), tf.control_dependencies(pulls):
+            args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
+            return super()._call_for_each_replica(fn, args, kwargs)
+
+    def push_gradients(self, optimizer, gradients, variables, weighted_in_loss):
+        """Inside an asynchronous train step: send the gradients to the servers.
+
+        The servers apply them with the user's optimizer; the worker's own
+        optimizer only counts the step (`iterations`, which the learning-rate
+        callbacks read).
+        """
+        step = replica_step.current()
+        set_id, set_variables, servers = step.remote_parameter_set
+        if not self.remote_updates.owns(optimizer):
+            raise ValueError(
+                "tfdist asynchronous parameter server: only the model's own optimizer "
+                f"(model.compile) can update it; got another optimizer, {optimizer.name!r}.")
+        by_variable = {id(v): g for g, v in zip(gradients, variables)}
+        grads = []
+        for variable in set_variables:
+            gradient = by_variable.get(id(variable))
+            if gradient is None:
+                gradient = tf.zeros(variable.shape, variable.dtype)
+            gradient = tf.convert_to_tensor(gradient)  # IndexedSlices: dense on the wire
+            weight = (tf.cast(step.has_rows, gradient.dtype) if weighted_in_loss
+                      else step.weight(gradient.dtype))
+            grads.append(tf.math.multiply_no_nan(gradient, weight))
+        pushed = self.remote_updates.push(set_id, set_variables, servers, grads,
+                                          optimizer.learning_rate)
+        with tf.control_dependencies(pushed):
+            return optimizer.iterations.assign_add(1)
 
     def _begin_replica_step(self, args):
         """This step's `ReplicaStep`: its rows and the global batch's (one scalar all-reduce)."""

@@ -41,6 +41,7 @@ the epoch-iterator hook alone, when a tfdist learning-rate callback is
 created); importing tfdist patches nothing. Both are idempotent.
 """
 
+import dis
 import functools
 import inspect
 import sys
@@ -91,6 +92,12 @@ def _names_used(function):
     return names
 
 
+def _lines_reading(code, attribute):
+    """Line numbers where `code` reads `self.<attribute>`."""
+    return [instruction.positions.lineno for instruction in dis.get_instructions(code)
+            if instruction.opname == "LOAD_ATTR" and instruction.argval == attribute]
+
+
 def _nested_function_names(function):
     return {c.co_name for c in inspect.unwrap(function).__code__.co_consts if inspect.iscode(c)}
 
@@ -119,6 +126,9 @@ def _keras_changes():
         "keras.metrics.Mean.update_state(values, sample_weight)": lambda: (
             _parameters(keras.metrics.Mean.update_state)[:3] == ["self", "values",
                                                                  "sample_weight"]),
+        "fit reads stop_training after each batch and after each epoch": lambda: (
+            len(set(_lines_reading(inspect.unwrap(trainer.fit).__code__, "stop_training")))
+            >= 2),
         "fit/evaluate/predict read stop_training/stop_evaluating/stop_predicting": lambda: all(
             flag in _names_used(loop) for loop, flag in (
                 (trainer.fit, "stop_training"), (trainer.evaluate, "stop_evaluating"),
@@ -259,6 +269,44 @@ class _StepTimeout(keras.callbacks.Callback):
         self._end("predict")
 
 
+class _ServerParameters(keras.callbacks.Callback):
+    """Asynchronous parameter server: the model's variables follow the servers' parameters.
+
+    After `fit`, the worker leaves the staleness gate and pulls the current
+    parameters; `evaluate` and `predict` first wait for every worker
+    (barrier) and then pull, so all workers evaluate the same parameters and
+    `model.save` after them saves what the servers hold.
+    """
+
+    def __init__(self, strategy):
+        super().__init__()
+        self._remote = strategy.extended.remote_updates
+        self._communicator = strategy.extended.communicator
+
+    def _refresh(self, barrier):
+        if barrier:
+            self._communicator.barrier()
+        if self.model.optimizer is not None:
+            self._remote.refresh(self.model.optimizer)
+
+    def on_train_end(self, logs=None):
+        self._remote.leave()
+        self._refresh(barrier=False)
+
+    def on_test_begin(self, logs=None):
+        self._refresh(barrier=True)
+
+    def on_predict_begin(self, logs=None):
+        self._refresh(barrier=True)
+
+
+def _with_server_parameters(model, callbacks):
+    strategy = tfdist_strategy(model)
+    if strategy is None or strategy.extended.remote_updates is None:
+        return callbacks
+    return list(callbacks or []) + [_ServerParameters(strategy)]
+
+
 def _with_step_timeout(model, callbacks):
     strategy = tfdist_strategy(model)
     if strategy is None or strategy.world_size == 1:
@@ -313,6 +361,25 @@ def global_step_logs(model, outputs, share_weighted_sum, step):
         for key, value in zip(raw, share_weighted_sum([logs[k] for k in raw], step)):
             logs[key] = value
     return logs
+
+
+def is_train_step(fn):
+    """True for a Keras model's `train_step` (the function `fit` runs per batch)."""
+    return model_of_step(fn) is not None and _unwrap(fn).__name__ == "train_step"
+
+
+def check_asynchronous_optimizer(optimizer):
+    """What the asynchronous parameter server cannot apply on its servers, as a clear error."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        raise ValueError(
+            "tfdist asynchronous parameter server: LossScaleOptimizer (mixed_float16) is not "
+            "supported in mode='async' (each server would keep its own loss scale); train "
+            "in float32 or bfloat16, or use mode='sync'.")
+    if optimizer.global_clipnorm is not None:
+        raise ValueError(
+            "tfdist asynchronous parameter server: global_clipnorm spans the variables of "
+            "every server; use clipnorm (per variable) in mode='async'. "
+            f"Got: global_clipnorm={optimizer.global_clipnorm!r}")
 
 
 def is_predict_step(fn):
@@ -456,6 +523,9 @@ def _install_gradient_aggregation():
             grads = list(grads)
             variables = (trainable_variables if trainable_variables is not None
                          else self._trainable_variables)  # pylint: disable=protected-access
+            if step.remote_parameter_set is not None:  # asynchronous: the servers apply
+                return strategy.extended.push_gradients(
+                    self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
             grads = strategy.extended.aggregate_gradients(
                 grads, variables=variables if len(variables) == len(grads) else None,
                 weighted_in_loss=step.loss_was_weighted_for(self))
@@ -515,9 +585,14 @@ def _install_collective_stop_flags():
     loops = {inspect.unwrap(loop).__code__ for loop in (trainer.fit, trainer.evaluate,
                                                          trainer.predict)}
     loops = {code.co_filename for code in loops}, {code.co_name for code in loops}
+    fit_code = inspect.unwrap(trainer.fit).__code__
+    epoch_level_line = max(_lines_reading(fit_code, "stop_training"))
 
     def read_by_keras_loop(frame):
         return frame.f_code.co_filename in loops[0] and frame.f_code.co_name in loops[1]
+
+    def batch_level(frame):
+        return frame.f_code is fit_code and frame.f_lineno != epoch_level_line
 
     for name in ("stop_training", "stop_evaluating", "stop_predicting"):
         attribute = f"_tfdist_{name}"
@@ -525,10 +600,10 @@ def _install_collective_stop_flags():
         def get(self, _attribute=attribute):
             local = bool(self.__dict__.get(_attribute, False))
             strategy = tfdist_strategy(self)
-            if strategy is None or strategy.world_size == 1 \
-                    or not read_by_keras_loop(sys._getframe(1)):  # pylint: disable=protected-access
+            frame = sys._getframe(1)  # pylint: disable=protected-access
+            if strategy is None or strategy.world_size == 1 or not read_by_keras_loop(frame):
                 return local
-            return strategy.extended.any_rank(local)
+            return strategy.extended.any_rank(local, batch_level=batch_level(frame))
 
         def set_(self, value, _attribute=attribute):
             self.__dict__[_attribute] = value
@@ -644,6 +719,7 @@ def install():
         if model is not None:
             _keep_collectives_out_of_xla(model)
             callbacks = _with_step_timeout(model, callbacks)
+            callbacks = _with_server_parameters(model, callbacks)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks)
             add_progbar = False

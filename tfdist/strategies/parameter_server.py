@@ -4,6 +4,7 @@ import sys
 
 from tfdist import runtime
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
+from tfdist.aggregation.parameter_server.async_client import AsyncParameterServerClient
 from tfdist.aggregation.parameter_server.colocated import ColocatedServer
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
@@ -11,15 +12,30 @@ MODES = ("sync", "async")
 
 
 class ParameterServerStrategy(DataParallelStrategy):
-    """Synchronous data parallelism through sharded parameter servers.
+    """Data parallelism through sharded parameter servers: synchronous, asynchronous or SSP.
 
-    Each step, every worker cuts its gradients into pieces spread evenly
+    mode="sync": each step, every worker cuts its gradients into pieces spread evenly
     over the K servers, pushes them and pulls back their sums over all
     workers (`ParameterServerAggregator`); the Keras optimizer then runs on
     every worker, so any Keras optimizer works and every worker applies the
     same update as a single process on the whole batch. Cost per step for n
     bytes of gradients over P workers and K servers: 2 (m alpha + P n / K beta)
     with m = ceil(n / (K piece_bytes)) (see `ParameterServerAggregator`).
+
+    mode="async": the servers hold the model's variables (whole variables,
+    spread by bytes) and run the user's Keras optimizer - same class and
+    configuration, its slots on the servers - applying each worker's
+    gradients as they arrive (Downpour); each worker pulls fresh parameters
+    before every step and pushes its gradients, weighted by 1 / P, after it
+    (`tfdist.aggregation.parameter_server.async_client`). `staleness=None`
+    lets workers run freely; `staleness=tau` is Stale Synchronous Parallel:
+    a worker starting its step c waits until every worker has finished step
+    c - tau (`staleness=0`: lock-step). During `fit` the logged training
+    loss and metrics are this worker's own (on its slices, with the
+    parameters it pulled); `evaluate` and `predict` wait for every worker
+    and use the servers' current parameters, with global metrics.
+    Optimizers with `global_clipnorm` or a LossScaleOptimizer are rejected
+    (they span servers); schedules in the optimizer run on the servers.
 
     Servers are either
     * dedicated processes: `tfdist-run -np N --num-servers K`, or the `ps`
@@ -33,8 +49,10 @@ class ParameterServerStrategy(DataParallelStrategy):
     Args:
         num_servers: expected number of servers (None: whatever the cluster
             has; checked against it otherwise).
-        mode: "sync" (the asynchronous modes are not available yet).
-        staleness: must be None in "sync" mode.
+        mode: "sync" or "async".
+        staleness: "async" only: None (unbounded, Downpour) or an integer
+            tau >= 0, the most steps a worker may run ahead of the slowest
+            (SSP).
         piece_bytes: largest piece per message (default 1 MiB; gRPC caps
             messages at 4 MiB).
         compression: None or "fp16" (see `RingAllReduceStrategy`).
@@ -55,11 +73,11 @@ class ParameterServerStrategy(DataParallelStrategy):
                  piece_bytes=DEFAULT_PIECE_BYTES, compression=None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}. Got: {mode!r}")
-        if mode != "sync":
-            raise NotImplementedError(
-                "ParameterServerStrategy: only mode='sync' is available in this version.")
-        if staleness is not None:
+        if mode == "sync" and staleness is not None:
             raise ValueError(f"staleness applies to mode='async' only. Got: {staleness!r}")
+        if staleness is not None and (isinstance(staleness, bool) or not isinstance(
+                staleness, int) or staleness < 0):
+            raise ValueError(f"staleness must be None or an integer >= 0. Got: {staleness!r}")
         cluster = runtime.cluster()
         if cluster.is_server:
             from tfdist.aggregation.parameter_server.server_process import run_server
@@ -73,10 +91,13 @@ class ParameterServerStrategy(DataParallelStrategy):
                      "hosts one")
             raise ValueError(f"num_servers={num_servers!r} does not match the cluster: {where}.")
         self.mode = mode
+        self.staleness = staleness
         self.num_servers = available
         self.colocated = not dedicated
         self.piece_bytes = piece_bytes
+        self._remote_updates = None
         super().__init__(self._make_aggregator, engine="collective", compression=compression)
+        self.extended.remote_updates = self._remote_updates
 
     def _make_aggregator(self, communicator):
         cluster = runtime.cluster()
@@ -89,5 +110,9 @@ class ParameterServerStrategy(DataParallelStrategy):
                   f"{'co-located' if self.colocated else 'dedicated'} server(s) for "
                   f"{cluster.world_size} worker(s): {', '.join(addresses)}",
                   file=sys.stderr, flush=True)
-        return ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
-                                         cluster.timeout, self.piece_bytes)
+        aggregator = ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
+                                               cluster.timeout, self.piece_bytes)
+        if self.mode == "async":
+            self._remote_updates = AsyncParameterServerClient(
+                cluster.rank, aggregator.clients, self.staleness, communicator)
+        return aggregator

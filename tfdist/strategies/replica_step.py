@@ -55,6 +55,7 @@ class ReplicaStep:
         self.share = tf.math.divide_no_nan(tf.cast(local_rows, tf.float32), global_rows)
         self.has_rows = local_rows > 0
         self.gradients_aggregated = False
+        self.remote_parameter_set = None  # asynchronous PS: (set id, variables, servers)
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
 

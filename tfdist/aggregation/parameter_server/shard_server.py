@@ -34,6 +34,7 @@ from absl import logging
 from tfdist.aggregation.parameter_server.protocol import (GOODBYE, HELLO, STOPPED_SLOT,
                                                           WIRE_DTYPES, pull_method,
                                                           push_method)
+from tfdist.aggregation.parameter_server.async_store import AsyncParameterStore
 from tfdist.comm import tf_rpc
 from tfdist.comm.liveness import PROBE_INTERVAL_SECONDS, ProbeCounter, connection_refused
 
@@ -70,7 +71,10 @@ class ShardServer:
         self.clock = tf.Variable(tf.fill([self.num_workers], tf.constant(-1, tf.int64)))
         self._checkins = tf.Variable(tf.zeros([self.num_workers], tf.int32))
         self._received = tf.Variable(tf.zeros([2], tf.int64))  # bytes, pieces pushed here
-        methods = {"checkin": self._checkin_function(), "stats": self._stats_function()}
+        # The asynchronous modes' parameters, optimizer and gate (`async_store`).
+        self.async_store = AsyncParameterStore(name, self.num_workers)
+        methods = {"checkin": self._checkin_function(), "stats": self._stats_function(),
+                   **self.async_store.methods()}
         for wire in WIRE_DTYPES:
             methods[push_method(wire)] = self._push_function(wire)
             methods[pull_method(wire)] = self._pull_function(wire)
@@ -206,6 +210,7 @@ class ShardServer:
                                     name=f"tfdist-reducer-{wire}") for wire in WIRE_DTYPES]
         for thread in threads:
             thread.start()
+        self.async_store.start()
         started = time.time()
         probes = (ProbeCounter(self.worker_addresses, connection_refused)
                   if self.worker_addresses else None)
@@ -216,9 +221,13 @@ class ShardServer:
                 self._stopped.set()
                 break
             self._check_workers(checkins, started, probes)
+            if self.async_store.error:
+                self._fail(self.async_store.error)
         self._close_queues()  # wakes the reducers: their dequeues fail
+        store_stopped = self.async_store.stop(REDUCER_EXIT_SECONDS)
         deadline = time.monotonic() + REDUCER_EXIT_SECONDS
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self.reducers_stopped = not any(thread.is_alive() for thread in threads)
+        self.reducers_stopped = store_stopped and not any(t.is_alive() for t in threads)
+        self.error = self.error or self.async_store.error
         return 1 if self.error else 0

@@ -1,0 +1,182 @@
+"""The worker side of the asynchronous parameter server (Downpour; SSP with a staleness bound).
+
+Per training step of a worker (inside the compiled step; `async_store`
+holds the servers' side):
+
+1. gate (SSP only): ask server 0 for a permit to make push c, the worker's
+   own push count; it comes once every worker has made at least c - tau
+   pushes. The time blocked is the step's `ps_wait` (seconds);
+2. pull: each server replies with its variables and their version v (the
+   smallest push count over the workers whose updates they hold); the
+   worker assigns them to its model's variables, a local cache;
+3. the step computes gradients on the worker's slice as usual;
+4. push: the gradients go to the servers holding their variables, with the
+   worker's current learning rate; each server applies them with the
+   user's optimizer as they arrive.
+
+The staleness of an update is c - v (pushes the worker is ahead of the
+slowest worker whose updates its parameters contain): 0 in lock-step,
+at most tau with SSP (Ho et al. 2013), unbounded in Downpour. With
+`staleness_aware_rate`, the learning rate sent is divided by max(1, c - v)
+(Zhang et al. 2016).
+
+Placement: whole variables, so that any Keras optimizer works as on one
+process (per-variable norms, slots); each variable goes to the server with
+the fewest bytes so far, largest first (deterministic on every worker).
+
+Cost per step: K pull and K push messages (K servers, n / K bytes each
+for n bytes of parameters), plus one gate message with SSP.
+"""
+
+import json
+import threading
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES
+
+
+def placement(variables, num_servers):
+    """Server index of each variable: largest first onto the least-loaded server (by bytes)."""
+    loads = [0] * num_servers
+    servers = [0] * len(variables)
+    sizes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables]
+    for index in sorted(range(len(variables)), key=lambda i: (-sizes[i], i)):
+        server = min(range(num_servers), key=lambda k: (loads[k], k))
+        servers[index] = server
+        loads[server] += sizes[index]
+    return servers
+
+
+class AsyncParameterServerClient:
+    """A worker's pulls, pushes and gate; see the module docstring.
+
+    Args:
+        rank: this worker's rank.
+        clients: one `tfdist.comm.tf_rpc.RpcClient` per server.
+        staleness: None (Downpour: no gate) or tau >= 0 (SSP).
+        communicator: the workers' communicator (a barrier after set-up).
+    """
+
+    def __init__(self, rank, clients, staleness, communicator):
+        self.rank = rank
+        self.clients = clients
+        self.staleness = staleness
+        self.communicator = communicator
+        self.staleness_aware_rate = False
+        self._sets = {}  # id(optimizer) -> (set id, variables, server of each variable)
+        self._lock = threading.Lock()
+        with tf.init_scope():
+            self.pushes = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_pushes")
+            self.last_staleness = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                              name="tfdist_staleness")
+            self.wait_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                            name="tfdist_ps_wait")
+        self._pulled_version = None  # of the step being traced
+
+    # ------------------------------------------------------------ set-up
+    def parameter_set(self, optimizer, variables):
+        """The set id of `optimizer`'s variables, set up on the servers on first use (eager)."""
+        key = id(optimizer)
+        with self._lock:
+            if key in self._sets:
+                return self._sets[key]
+            set_id = len(self._sets)
+            variables = list(variables)
+            servers = placement(variables, len(self.clients))
+            with tf.init_scope():
+                if self.rank == 0:
+                    self._set_up(set_id, optimizer, variables, servers)
+                self.communicator.barrier()  # no worker pulls before the chief set up
+            self._sets[key] = (set_id, variables, servers)
+            return self._sets[key]
+
+    def _set_up(self, set_id, optimizer, variables, servers):
+        config = keras.optimizers.serialize(optimizer)
+        for server, client in enumerate(self.clients):
+            mine = [v for v, k in zip(variables, servers) if k == server]
+            spec = {"variables": [[list(v.shape), tf.as_dtype(v.dtype).name] for v in mine],
+                    "optimizer": config}
+            values = (tf.concat([tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in mine],
+                                axis=0) if mine else tf.zeros([0], tf.float32))
+            _check_message_size(values, client)
+            client.call("async_setup", [tf.constant(set_id), tf.constant(self.rank),
+                                        tf.constant(json.dumps(spec)), values],
+                        tf.TensorSpec([], tf.int32))
+
+    # ------------------------------------------------------------ a step
+    def begin_step(self, set_id, variables, servers, gate=True):
+        """Gate (SSP), then pull every server's variables into `variables` (in-graph or eager).
+
+        Returns the assign ops; the step's reads must depend on them.
+        """
+        dependencies = []
+        if gate and self.staleness is not None:
+            start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                permit = self.clients[0].call(
+                    "async_gate", [tf.constant(self.rank), self.pushes.read_value(),
+                                   tf.constant(int(self.staleness), tf.int64)],
+                    tf.TensorSpec([], tf.int64))
+            with tf.control_dependencies([permit]):
+                dependencies.append(self.wait_seconds.assign_add(tf.timestamp() - start))
+        updates, versions = [], []
+        with tf.control_dependencies(dependencies):
+            for server, client in enumerate(self.clients):
+                mine = [v for v, k in zip(variables, servers) if k == server]
+                if not mine:
+                    continue
+                version, values = client.call(
+                    "async_pull", [tf.constant(set_id), tf.constant(self.rank)],
+                    (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.float32)))
+                versions.append(version)
+                sizes = [int(np.prod(v.shape)) for v in mine]
+                pieces = tf.split(values, sizes) if len(sizes) > 1 else [values]
+                for variable, piece in zip(mine, pieces):
+                    updates.append(variable.assign(
+                        tf.cast(tf.reshape(piece, variable.shape), variable.dtype)))
+        self._pulled_version = tf.reduce_min(tf.stack(versions)) if versions else \
+            tf.constant(0, tf.int64)
+        return updates
+
+    def refresh(self, optimizer):
+        """Pull the servers' current values of `optimizer`'s variables (eager; no gate)."""
+        if id(optimizer) in self._sets:
+            self.begin_step(*self._sets[id(optimizer)], gate=False)
+
+    def leave(self):
+        """This worker's `fit` ended: the gate stops waiting for it until it pushes again."""
+        self.clients[0].call("async_leave", [tf.constant(self.rank)],
+                             tf.TensorSpec([], tf.int32))
+
+    def owns(self, optimizer):
+        return id(optimizer) in self._sets
+
+    def push(self, set_id, variables, servers, grads, learning_rate):
+        """Send `grads` (one per variable) to their servers with the learning rate (in-graph)."""
+        staleness = tf.maximum(self.pushes.read_value() - self._pulled_version, 0)
+        rate = tf.cast(learning_rate, tf.float32)
+        if self.staleness_aware_rate:
+            rate = rate / tf.cast(tf.maximum(staleness, 1), tf.float32)
+        sends = []
+        for server, client in enumerate(self.clients):
+            mine = [g for g, k in zip(grads, servers) if k == server]
+            if not mine:
+                continue
+            values = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in mine], axis=0)
+            sends.append(client.call(
+                "async_push", [tf.constant(set_id), tf.constant(self.rank),
+                               self.pushes.read_value(), rate, values],
+                tf.TensorSpec([], tf.int32)))
+        with tf.control_dependencies(sends):
+            return [self.last_staleness.assign(staleness), self.pushes.assign_add(1)]
+
+
+def _check_message_size(values, client):
+    nbytes = int(values.shape[0]) * 4
+    if nbytes > MAX_MESSAGE_BYTES - 64 * 1024:
+        raise ValueError(
+            f"the variables placed on {client.description} take {nbytes} bytes, over gRPC's "
+            f"{MAX_MESSAGE_BYTES} byte message limit; use more servers (--num-servers).")

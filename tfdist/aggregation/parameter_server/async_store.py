@@ -1,0 +1,250 @@
+"""The server side of the asynchronous parameter server: parameters, the user's optimizer, a clock gate.
+
+In the asynchronous modes (`ParameterServerStrategy(mode="async")`) each
+shard server holds whole variables of the model (`async_client.placement`
+spreads them over the servers by bytes) and runs the user's Keras
+optimizer on them - the same class and configuration, its slot variables
+living with the parameters - applying every gradient a worker pushes as it
+arrives (DistBelief's Downpour). Workers pull fresh parameters before each
+step.
+
+Every request goes through one FIFO queue and one thread (`_serve_requests`)
+that handles it, in arrival order:
+
+* setup (the chief, once per optimizer): create the variables from their
+  initial values and build the optimizer from its serialized config;
+* push: apply one worker's gradients with the learning rate it sent, then
+  count the push in the worker's clock (pushes applied so far);
+* pull: reply with the parameters and their version, the smallest clock
+  over the workers (every update of every worker up to that clock is in
+  them);
+* gate (server 0; Stale Synchronous Parallel, Ho et al. 2013, as in
+  Petuum Bosen): a worker about to make push c may go once every worker's
+  clock is at least c - tau; until then its permit waits;
+* leave (a worker's `fit` ended): the gate no longer waits for that worker
+  until it pushes again.
+
+So no update is lost or applied twice (the queue holds each push once and
+the one thread applies it once), a pull sees every push its worker made
+before it (a worker's requests arrive in order), and parameters are never
+read half-updated. Replies and permits travel through per-worker queues;
+waiting on them is an asynchronous TensorFlow kernel, so a waiting request
+holds a gRPC thread but no TensorFlow inter-op thread.
+
+Cost per worker step: one push and one pull message per server
+(n / K bytes each way for n bytes of parameters over K servers), plus one
+gate message with SSP; the server's optimizer does the update's arithmetic.
+"""
+
+import json
+import threading
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+QUEUE_CAPACITY = 1 << 20
+SETUP, PULL, PUSH, GATE, LEAVE = 0, 1, 2, 3, 4
+_REQUEST_DTYPES = [tf.int32, tf.int32, tf.int32, tf.int64, tf.int64, tf.float32, tf.string,
+                   tf.float32]  # kind, set, worker, step, tau, learning rate, spec, values
+
+
+class _ParameterSet:
+    """One optimizer's variables on this server, and the optimizer that updates them."""
+
+    def __init__(self, spec, values):
+        self.shapes = [tuple(shape) for shape, _ in spec["variables"]]
+        self.dtypes = [tf.as_dtype(dtype) for _, dtype in spec["variables"]]
+        sizes = [int(np.prod(shape)) for shape in self.shapes]
+        pieces = np.split(values, np.cumsum(sizes)[:-1]) if sizes else []
+        self.variables = [
+            keras.Variable(piece.reshape(shape), dtype=dtype.name, name=f"parameter_{index}")
+            for index, (piece, shape, dtype) in enumerate(zip(pieces, self.shapes, self.dtypes))]
+        self.sizes = sizes
+        self.optimizer = keras.optimizers.deserialize(spec["optimizer"])
+        self.optimizer.build(self.variables)
+        # A float rate is the worker's to set at every step (its callbacks change it); a
+        # schedule in the optimizer runs here, on this server's update count.
+        self.rate_from_worker = isinstance(self.optimizer.learning_rate, keras.Variable)
+        self._apply = tf.function(self._apply_flat)
+        self._read = tf.function(self._read_flat)
+
+    def _apply_flat(self, values, learning_rate):
+        if self.rate_from_worker:
+            self.optimizer.learning_rate.assign(learning_rate)
+        pieces = tf.split(values, self.sizes) if len(self.sizes) > 1 else [values]
+        grads = [tf.cast(tf.reshape(piece, shape), dtype)
+                 for piece, shape, dtype in zip(pieces, self.shapes, self.dtypes)]
+        self.optimizer.apply(grads, self.variables)
+
+    def _read_flat(self):
+        return tf.concat([tf.reshape(tf.cast(v.value, tf.float32), [-1])
+                          for v in self.variables], axis=0)
+
+    def apply(self, values, learning_rate):
+        self._apply(values, learning_rate)
+
+    def read(self):
+        return self._read() if self.variables else tf.zeros([0], tf.float32)
+
+
+class AsyncParameterStore:
+    """Parameters, optimizers and worker clocks of one shard server; see the module docstring.
+
+    Args:
+        name: how messages name the server.
+        num_workers: number of training processes P.
+    """
+
+    def __init__(self, name, num_workers):
+        self.name = name
+        self.num_workers = int(num_workers)
+        self.error = None
+        self._requests = tf.queue.FIFOQueue(QUEUE_CAPACITY, _REQUEST_DTYPES)
+        self._replies = [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64, tf.float32])
+                         for _ in range(self.num_workers)]
+        self._permits = [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64])
+                         for _ in range(self.num_workers)]
+        self._sets = {}
+        self._clocks = [0] * self.num_workers
+        self._waiting = []  # (worker, push number, tau) of gates not yet open
+        self._left = set()  # workers outside `fit`: the gate does not wait for them
+        self._thread = None
+        self._next_request = tf.function(self._requests.dequeue)
+
+    # ------------------------------------------------------------ methods
+    def methods(self):
+        """{name: tf.function} to register with the server's RPC runtime."""
+        return {"async_setup": self._setup_function(), "async_pull": self._pull_function(),
+                "async_push": self._push_function(), "async_gate": self._gate_function(),
+                "async_leave": self._leave_function()}
+
+    def _by_worker(self, worker, branch):
+        return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
+
+    def _enqueue(self, kind, set_id, worker, step=0, tau=0, learning_rate=0.0, spec="",
+                 values=None):
+        values = tf.zeros([0], tf.float32) if values is None else values
+        return self._requests.enqueue((
+            tf.constant(kind, tf.int32), tf.cast(set_id, tf.int32), tf.cast(worker, tf.int32),
+            tf.cast(step, tf.int64), tf.cast(tau, tf.int64), tf.cast(learning_rate, tf.float32),
+            tf.cast(spec, tf.string), values))
+
+    def _setup_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
+                                      tf.TensorSpec([], tf.string),
+                                      tf.TensorSpec([None], tf.float32)])
+        def setup(set_id, worker, spec, values):
+            with tf.control_dependencies([self._enqueue(SETUP, set_id, worker, spec=spec,
+                                                        values=values)]):
+                return tf.constant(0, tf.int32)
+
+        return setup
+
+    def _pull_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
+        def pull(set_id, worker):
+            with tf.control_dependencies([self._enqueue(PULL, set_id, worker)]):
+                return self._by_worker(worker, lambda w: tuple(self._replies[w].dequeue()))
+
+        return pull
+
+    def _push_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
+                                      tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32),
+                                      tf.TensorSpec([None], tf.float32)])
+        def push(set_id, worker, step, learning_rate, values):
+            with tf.control_dependencies([self._enqueue(PUSH, set_id, worker, step=step,
+                                                        learning_rate=learning_rate,
+                                                        values=values)]):
+                return tf.constant(0, tf.int32)
+
+        return push
+
+    def _gate_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64),
+                                      tf.TensorSpec([], tf.int64)])
+        def gate(worker, step, tau):
+            with tf.control_dependencies([self._enqueue(GATE, 0, worker, step=step, tau=tau)]):
+                return self._by_worker(worker, lambda w: self._permits[w].dequeue())
+
+        return gate
+
+    def _leave_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+        def leave(worker):
+            with tf.control_dependencies([self._enqueue(LEAVE, 0, worker)]):
+                return tf.constant(0, tf.int32)
+
+        return leave
+
+    # ------------------------------------------------------------ serving
+    def start(self):
+        self._thread = threading.Thread(target=self._serve_requests, daemon=True,
+                                        name="tfdist-async-store")
+        self._thread.start()
+
+    def stop(self, timeout):
+        """Close the queues (pending requests fail) and wait for the thread."""
+        for queue in [self._requests] + self._replies + self._permits:
+            queue.close(cancel_pending_enqueues=True)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _serve_requests(self):
+        while True:
+            try:
+                request = self._next_request()
+            except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
+                return  # queues closed: shutting down
+            try:
+                self._handle(*request)
+            except Exception as e:  # pylint: disable=broad-except
+                self.error = f"tfdist {self.name}: asynchronous request failed: {e}"
+                logging.error("%s", self.error)
+                self.stop(timeout=0)
+                return
+
+    def _handle(self, kind, set_id, worker, step, tau, learning_rate, spec, values):
+        kind, set_id, worker = int(kind), int(set_id), int(worker)
+        if kind == SETUP:
+            if set_id not in self._sets:
+                self._sets[set_id] = _ParameterSet(json.loads(spec.numpy().decode()),
+                                                   values.numpy())
+        elif kind == PULL:
+            parameters = self._parameters(set_id, worker)
+            self._replies[worker].enqueue((tf.constant(min(self._clocks), tf.int64),
+                                           parameters.read()))
+        elif kind == PUSH:
+            self._parameters(set_id, worker).apply(values, learning_rate)
+            self._clocks[worker] += 1
+            self._left.discard(worker)
+            self._open_gates()
+        elif kind == GATE:
+            self._left.discard(worker)
+            self._waiting.append((worker, int(step), int(tau)))
+            self._open_gates()
+        elif kind == LEAVE:
+            self._left.add(worker)
+            self._open_gates()
+
+    def _parameters(self, set_id, worker):
+        if set_id not in self._sets:
+            raise ValueError(f"worker rank {worker} used parameter set {set_id} before the "
+                             "chief set it up")
+        return self._sets[set_id]
+
+    def _open_gates(self):
+        """Let through every waiting worker whose push number is within tau of the slowest."""
+        taking_part = [c for w, c in enumerate(self._clocks) if w not in self._left]
+        slowest = min(taking_part) if taking_part else max(self._clocks)
+        still = []
+        for worker, step, tau in self._waiting:
+            if slowest >= step - tau:
+                self._permits[worker].enqueue(tf.constant(slowest, tf.int64))
+            else:
+                still.append((worker, step, tau))
+        self._waiting = still
