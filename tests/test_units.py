@@ -1,9 +1,12 @@
 """Single-process units: tensor fusion, gradient compression and global-batch sharding."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdist
 from tfdist.aggregation.compression import FP16Compression, get_compression
 from tfdist.aggregation.fusion import FusionPlan
 from tfdist.strategies.sharding import shard_global_batch
@@ -89,3 +92,39 @@ def test_this_process_slice_and_its_transformations_are_not_sliced_again():
     assert derives_from_local_slice(local)
     assert derives_from_local_slice(local.map(lambda b: (b, tf.ones_like(b))).prefetch(1))
     assert not derives_from_local_slice(batches.map(lambda b: b))
+
+
+def test_async_placement_balances_bytes_and_keeps_variables_whole():
+    from tfdist.aggregation.parameter_server.async_client import placement
+
+    class Variable:
+        def __init__(self, *shape):
+            self.shape, self.dtype = shape, "float32"
+
+    variables = [Variable(100, 10), Variable(10), Variable(500), Variable(300), Variable(2, 2)]
+    assert placement(variables, 2) == [0, 1, 1, 1, 1]  # 4000 B | 2000 + 1200 + 40 + 16 B
+    assert placement(variables, 1) == [0] * 5
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"mode": "sync", "staleness": 2}, "staleness applies to mode='async' only. Got: 2"),
+    ({"mode": "async", "staleness": -1}, "staleness must be None or an integer >= 0. Got: -1"),
+    ({"mode": "async", "staleness": 1.5}, "Got: 1.5"),
+    ({"mode": "hogwild"}, "mode must be one of"),
+])
+def test_parameter_server_mode_and_staleness_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tfdist.strategies.ParameterServerStrategy(**kwargs)
+
+
+def test_async_rejects_what_spans_servers():
+    import keras
+
+    from tfdist.strategies.keras_patches import check_asynchronous_optimizer
+
+    with pytest.raises(ValueError, match="global_clipnorm spans the variables"):
+        check_asynchronous_optimizer(keras.optimizers.SGD(0.1, global_clipnorm=1.0))
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):
+        check_asynchronous_optimizer(
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
+    check_asynchronous_optimizer(keras.optimizers.Adam(clipnorm=1.0))  # per variable: fine

@@ -1,4 +1,4 @@
-"""Keras 3 callbacks for distributed and large-batch training.
+"""Keras 3 callbacks for distributed and large-batch training, and for asynchronous updates.
 
 The learning-rate callbacks compose in one order, whatever order they are
 listed in: `LearningRateScaling` -> `LearningRateWarmup` ->
@@ -8,5 +8,8 @@ listed in: `LearningRateScaling` -> `LearningRateWarmup` ->
 from tfdist.callbacks.learning_rate_scaling import LearningRateScaling
 from tfdist.callbacks.learning_rate_schedule import LearningRateSchedule
 from tfdist.callbacks.learning_rate_warmup import LearningRateWarmup
+from tfdist.callbacks.staleness_aware_learning_rate import StalenessAwareLearningRate
+from tfdist.callbacks.staleness_monitor import StalenessMonitor
 
-__all__ = ["LearningRateScaling", "LearningRateWarmup", "LearningRateSchedule"]
+__all__ = ["LearningRateScaling", "LearningRateWarmup", "LearningRateSchedule",
+           "StalenessMonitor", "StalenessAwareLearningRate"]

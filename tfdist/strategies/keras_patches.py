@@ -200,6 +200,12 @@ def tfdist_strategy(model):
     return strategy if _is_tfdist_strategy(strategy) else None
 
 
+def asynchronous_updates(model):
+    """The asynchronous parameter-server client of `model`'s strategy, or None (synchronous)."""
+    strategy = tfdist_strategy(model)
+    return strategy.extended.remote_updates if strategy is not None else None
+
+
 def _is_tfdist_strategy(strategy):
     from tfdist.strategies.data_parallel import DataParallelStrategy  # it imports this module
 

@@ -17,8 +17,10 @@ holds the servers' side):
 The staleness of an update is c - v (pushes the worker is ahead of the
 slowest worker whose updates its parameters contain): 0 in lock-step,
 at most tau with SSP (Ho et al. 2013), unbounded in Downpour. With
-`staleness_aware_rate`, the learning rate sent is divided by max(1, c - v)
-(Zhang et al. 2016).
+`staleness_aware_rate` on (`tfdist.callbacks.StalenessAwareLearningRate`),
+the learning rate sent is divided by max(1, c - v) (Zhang et al. 2016).
+Per-update statistics accumulate in-graph (`statistics`:
+`tfdist.callbacks.StalenessMonitor`), without a host sync per step.
 
 Placement: whole variables, so that any Keras optimizer works as on one
 process (per-variable norms, slots); each variable goes to the server with
@@ -65,15 +67,21 @@ class AsyncParameterServerClient:
         self.clients = clients
         self.staleness = staleness
         self.communicator = communicator
-        self.staleness_aware_rate = False
         self._sets = {}  # id(optimizer) -> (set id, variables, server of each variable)
         self._lock = threading.Lock()
         with tf.init_scope():
-            self.pushes = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_pushes")
-            self.last_staleness = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                              name="tfdist_staleness")
-            self.wait_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
-                                            name="tfdist_ps_wait")
+            def counter(name, dtype=tf.int64):
+                return tf.Variable(tf.zeros([], dtype), trainable=False, name=name)
+
+            self.pushes = counter("tfdist_pushes")  # this worker's pushes (its clock)
+            # Since the last `reset_statistics`: updates pushed, their staleness, gate time.
+            self.updates = counter("tfdist_updates")
+            self.staleness_sum = counter("tfdist_staleness_sum")
+            self.staleness_max = counter("tfdist_staleness_max")
+            self.wait_seconds = counter("tfdist_ps_wait", tf.float64)
+            # StalenessAwareLearningRate: the rate of each update divided by its staleness.
+            self.staleness_aware_rate = tf.Variable(False, trainable=False,
+                                                    name="tfdist_staleness_aware_rate")
         self._pulled_version = None  # of the step being traced
 
     # ------------------------------------------------------------ set-up
@@ -158,8 +166,8 @@ class AsyncParameterServerClient:
         """Send `grads` (one per variable) to their servers with the learning rate (in-graph)."""
         staleness = tf.maximum(self.pushes.read_value() - self._pulled_version, 0)
         rate = tf.cast(learning_rate, tf.float32)
-        if self.staleness_aware_rate:
-            rate = rate / tf.cast(tf.maximum(staleness, 1), tf.float32)
+        rate = tf.where(self.staleness_aware_rate,
+                        rate / tf.cast(tf.maximum(staleness, 1), tf.float32), rate)
         sends = []
         for server, client in enumerate(self.clients):
             mine = [g for g, k in zip(grads, servers) if k == server]
@@ -171,7 +179,26 @@ class AsyncParameterServerClient:
                                self.pushes.read_value(), rate, values],
                 tf.TensorSpec([], tf.int32)))
         with tf.control_dependencies(sends):
-            return [self.last_staleness.assign(staleness), self.pushes.assign_add(1)]
+            return [self.pushes.assign_add(1), self.updates.assign_add(1),
+                    self.staleness_sum.assign_add(staleness),
+                    self.staleness_max.assign(tf.maximum(self.staleness_max, staleness))]
+
+    def statistics(self):
+        """{"updates", "staleness_mean", "staleness_max", "ps_wait_ms"} since the last reset.
+
+        `ps_wait_ms` is the mean time per update this worker was blocked at
+        the gate, in milliseconds.
+        """
+        updates = int(self.updates.numpy())
+        return {"updates": updates,
+                "staleness_mean": float(self.staleness_sum.numpy()) / max(updates, 1),
+                "staleness_max": int(self.staleness_max.numpy()),
+                "ps_wait_ms": 1000.0 * float(self.wait_seconds.numpy()) / max(updates, 1)}
+
+    def reset_statistics(self):
+        for variable in (self.updates, self.staleness_sum, self.staleness_max):
+            variable.assign(0)
+        self.wait_seconds.assign(0.0)
 
 
 def _check_message_size(values, client):

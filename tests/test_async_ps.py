@@ -1,0 +1,60 @@
+"""Asynchronous parameter server (Downpour) and SSP: no update lost, staleness bounded, trains."""
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import failure_report, script, tfdist_run
+
+TOLERANCE = 1e-5
+
+
+def run(tmp_path, workers, servers, *options):
+    prefix = str(tmp_path / "async")
+    launcher = ["--num-servers", str(servers)] if servers else []
+    done = tfdist_run(workers, [script("async_training.py"), prefix, *options], timeout=600,
+                      run_timeout=120, launcher=launcher)
+    assert done.returncode == 0, failure_report(done)
+    ranks = []
+    for rank in range(workers):
+        with open(f"{prefix}.rank{rank}.json") as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+@pytest.mark.parametrize("workers,servers,staleness,straggler", [
+    (1, 0, "none", -1),  # one asynchronous worker is one process
+    (2, 0, "none", 1),   # Downpour, co-located servers, rank 1 slower
+    (3, 2, "1", 1),      # SSP, dedicated servers
+    (3, 1, "0", 2),      # lock-step
+])
+def test_every_update_is_applied_once(tmp_path, workers, servers, staleness, straggler):
+    """The gradient does not depend on the weights: the end is one process's end, exactly."""
+    ranks = run(tmp_path, workers, servers, "constant", "--staleness", staleness,
+                "--straggler", str(straggler))
+    for result in ranks:
+        difference = np.max(np.abs(np.array(result["weights"]) - np.array(result["expected"])))
+        assert difference <= TOLERANCE, f"rank {result['rank']}: {difference}"
+        if staleness != "none":
+            assert max(result["history"]["staleness_max"]) <= int(staleness), result["history"]
+    if staleness == "0":
+        assert all(max(r["history"]["staleness_max"]) == 0 for r in ranks)
+    if staleness == "1":  # the fast workers ran ahead (and waited) while rank 1 slept
+        fast = [r for r in ranks if r["rank"] != straggler]
+        assert max(max(r["history"]["staleness_max"]) for r in fast) == 1
+        assert max(max(r["history"]["ps_wait_ms"]) for r in fast) > 0
+
+
+def test_async_trains_a_real_model_and_evaluates_the_servers_parameters(tmp_path):
+    ranks = run(tmp_path, 2, 0, "real", "--staleness-aware")
+    loss = ranks[0]["history"]["loss"]
+    assert loss[-1] < 0.5 * loss[0], loss
+    assert ranks[0]["evaluate"]["accuracy"] > 0.8
+    # evaluate and predict wait for every worker and read the servers: ranks agree.
+    for other in ranks[1:]:
+        assert other["evaluate"] == ranks[0]["evaluate"]
+        assert other["history"]["val_loss"] == ranks[0]["history"]["val_loss"]
+        np.testing.assert_array_equal(other["predictions"], ranks[0]["predictions"])
+        for mine, theirs in zip(ranks[0]["weights"], other["weights"]):
+            np.testing.assert_array_equal(mine, theirs)
