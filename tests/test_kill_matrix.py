@@ -43,6 +43,8 @@ CASES = {
     "server-mid-step": ("tfdist-run", 2, 1, ["--strategy", "ps"], "server 0", "train",
                         "server 0 exited with code 137"),
     "launcher-mid-step": ("tfdist-run", 2, 0, ["--strategy", "ring"], "launcher", "train", None),
+    "async-server-mid-step-tf-config": ("tf-config", 2, 1, ["--strategy", "ps-async"],
+                                        "server 0", "train", "parameter server 0 ("),
     # make test-all
     "worker-at-start-up": ("tfdist-run", 2, 0, ["--strategy", "ring"], "rank 1", "start",
                            "rank 1 exited with code 137"),
@@ -60,7 +62,7 @@ CASES = {
                                   "Process 0 exit with status code 137"),
 }
 FAST = ("worker-mid-step", "chief-during-save", "worker-during-evaluate-tf-config",
-        "server-mid-step", "launcher-mid-step")
+        "server-mid-step", "launcher-mid-step", "async-server-mid-step-tf-config")
 
 
 class Job:

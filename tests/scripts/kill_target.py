@@ -1,6 +1,6 @@
 """Worker script for the kill matrix: announces each phase so a test can SIGKILL a process in it.
 
-    python kill_target.py WORKDIR [--strategy ring|ps|tree] [--backend auto|horovod]
+    python kill_target.py WORKDIR [--strategy ring|ps|ps-async|tree] [--backend auto|horovod]
 
 Every process prints "tfdist-kill <who> pid <pid> phase <phase>" (who: "rank R"
 or "server K") as it reaches a phase:
@@ -62,6 +62,8 @@ STRATEGIES = {
     "ring": lambda args: tfdist.strategies.RingAllReduceStrategy(backend=args.backend),
     "tree": lambda args: tfdist.strategies.ReductionTreeStrategy(fanout=2),
     "ps": lambda args: tfdist.strategies.ParameterServerStrategy(),
+    "ps-async": lambda args: tfdist.strategies.ParameterServerStrategy(mode="async",
+                                                                       staleness=2),
 }
 
 

@@ -26,8 +26,9 @@ Placement: whole variables, so that any Keras optimizer works as on one
 process (per-variable norms, slots); each variable goes to the server with
 the fewest bytes so far, largest first (deterministic on every worker).
 
-Cost per step: K pull and K push messages (K servers, n / K bytes each
-for n bytes of parameters), plus one gate message with SSP.
+Cost per step: n / K bytes pulled and pushed per server (K servers, n
+bytes of parameters), in messages of at most `PIECE_ELEMENTS` float32
+values, chained per server; plus one gate message with SSP.
 """
 
 import json
@@ -37,7 +38,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES
+from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES
+
+PIECE_ELEMENTS = DEFAULT_PIECE_BYTES // 4  # float32 values per message (gRPC caps one at 4 MiB)
 
 
 def placement(variables, num_servers):
@@ -109,10 +112,12 @@ class AsyncParameterServerClient:
                     "optimizer": config}
             values = (tf.concat([tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in mine],
                                 axis=0) if mine else tf.zeros([0], tf.float32))
-            _check_message_size(values, client)
-            client.call("async_setup", [tf.constant(set_id), tf.constant(self.rank),
-                                        tf.constant(json.dumps(spec)), values],
-                        tf.TensorSpec([], tf.int32))
+            pieces = _pieces(values)
+            for index, piece in enumerate(pieces):
+                client.call("async_setup", [tf.constant(set_id), tf.constant(self.rank),
+                                            tf.constant(json.dumps(spec)), piece,
+                                            tf.constant(index == len(pieces) - 1)],
+                            tf.TensorSpec([], tf.int32))
 
     # ------------------------------------------------------------ a step
     def begin_step(self, set_id, variables, servers, gate=True):
@@ -136,11 +141,9 @@ class AsyncParameterServerClient:
                 mine = [v for v, k in zip(variables, servers) if k == server]
                 if not mine:
                     continue
-                version, values = client.call(
-                    "async_pull", [tf.constant(set_id), tf.constant(self.rank)],
-                    (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.float32)))
-                versions.append(version)
                 sizes = [int(np.prod(v.shape)) for v in mine]
+                version, values = self._pull(client, set_id, sum(sizes))
+                versions.append(version)
                 pieces = tf.split(values, sizes) if len(sizes) > 1 else [values]
                 for variable, piece in zip(mine, pieces):
                     updates.append(variable.assign(
@@ -148,6 +151,19 @@ class AsyncParameterServerClient:
         self._pulled_version = tf.reduce_min(tf.stack(versions)) if versions else \
             tf.constant(0, tf.int64)
         return updates
+
+    def _pull(self, client, set_id, num_elements):
+        """(version, values) of one server's variables, in pieces chained one after the other."""
+        specs = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.float32))
+        version, first = client.call(
+            "async_pull", [tf.constant(set_id), tf.constant(self.rank),
+                           tf.constant(PIECE_ELEMENTS, tf.int64)], specs)
+        pieces = [first]
+        for _ in range(1, -(-num_elements // PIECE_ELEMENTS)):
+            with tf.control_dependencies([pieces[-1]]):
+                pieces.append(client.call("async_pull_more", [tf.constant(self.rank)],
+                                          specs)[1])
+        return version, pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
 
     def refresh(self, optimizer):
         """Pull the servers' current values of `optimizer`'s variables (eager; no gate)."""
@@ -174,10 +190,14 @@ class AsyncParameterServerClient:
             if not mine:
                 continue
             values = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in mine], axis=0)
-            sends.append(client.call(
-                "async_push", [tf.constant(set_id), tf.constant(self.rank),
-                               self.pushes.read_value(), rate, values],
-                tf.TensorSpec([], tf.int32)))
+            pieces = _pieces(values)
+            for index, piece in enumerate(pieces):
+                with tf.control_dependencies(sends[-1:] if index else []):
+                    sends.append(client.call(
+                        "async_push", [tf.constant(set_id), tf.constant(self.rank),
+                                       self.pushes.read_value(), rate, piece,
+                                       tf.constant(index == len(pieces) - 1)],
+                        tf.TensorSpec([], tf.int32)))
         with tf.control_dependencies(sends):
             return [self.pushes.assign_add(1), self.updates.assign_add(1),
                     self.staleness_sum.assign_add(staleness),
@@ -201,9 +221,12 @@ class AsyncParameterServerClient:
         self.wait_seconds.assign(0.0)
 
 
-def _check_message_size(values, client):
-    nbytes = int(values.shape[0]) * 4
-    if nbytes > MAX_MESSAGE_BYTES - 64 * 1024:
-        raise ValueError(
-            f"the variables placed on {client.description} take {nbytes} bytes, over gRPC's "
-            f"{MAX_MESSAGE_BYTES} byte message limit; use more servers (--num-servers).")
+def _pieces(values):
+    """`values` (a flat tensor of static length) cut into messages of PIECE_ELEMENTS at most."""
+    size = int(values.shape[0])
+    if size <= PIECE_ELEMENTS:
+        return [values]
+    sizes = [PIECE_ELEMENTS] * (size // PIECE_ELEMENTS)
+    if size % PIECE_ELEMENTS:
+        sizes.append(size % PIECE_ELEMENTS)
+    return tf.split(values, sizes)

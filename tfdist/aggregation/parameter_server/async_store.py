@@ -24,6 +24,11 @@ that handles it, in arrival order:
 * leave (a worker's `fit` ended): the gate no longer waits for that worker
   until it pushes again.
 
+Values travel in pieces of at most `async_client.PIECE_BYTES` (gRPC caps a
+message at 4 MiB): a set-up or a push is handled once its final piece has
+arrived (a worker's pieces arrive in order), and a pull is answered in as
+many pieces as the worker asks for.
+
 So no update is lost or applied twice (the queue holds each push once and
 the one thread applies it once), a pull sees every push its worker made
 before it (a worker's requests arrive in order), and parameters are never
@@ -46,8 +51,9 @@ from absl import logging
 
 QUEUE_CAPACITY = 1 << 20
 SETUP, PULL, PUSH, GATE, LEAVE = 0, 1, 2, 3, 4
+# kind, set, worker, step, tau, learning rate, spec, values, final piece?, elements per piece
 _REQUEST_DTYPES = [tf.int32, tf.int32, tf.int32, tf.int64, tf.int64, tf.float32, tf.string,
-                   tf.float32]  # kind, set, worker, step, tau, learning rate, spec, values
+                   tf.float32, tf.bool, tf.int64]
 
 
 class _ParameterSet:
@@ -110,6 +116,7 @@ class AsyncParameterStore:
         self._clocks = [0] * self.num_workers
         self._waiting = []  # (worker, push number, tau) of gates not yet open
         self._left = set()  # workers outside `fit`: the gate does not wait for them
+        self._partial = {}  # (kind, set, worker) -> pieces received so far
         self._thread = None
         self._next_request = tf.function(self._requests.dequeue)
 
@@ -117,6 +124,7 @@ class AsyncParameterStore:
     def methods(self):
         """{name: tf.function} to register with the server's RPC runtime."""
         return {"async_setup": self._setup_function(), "async_pull": self._pull_function(),
+                "async_pull_more": self._pull_more_function(),
                 "async_push": self._push_function(), "async_gate": self._gate_function(),
                 "async_leave": self._leave_function()}
 
@@ -124,40 +132,53 @@ class AsyncParameterStore:
         return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
 
     def _enqueue(self, kind, set_id, worker, step=0, tau=0, learning_rate=0.0, spec="",
-                 values=None):
+                 values=None, final=True, piece_elements=0):
         values = tf.zeros([0], tf.float32) if values is None else values
         return self._requests.enqueue((
             tf.constant(kind, tf.int32), tf.cast(set_id, tf.int32), tf.cast(worker, tf.int32),
             tf.cast(step, tf.int64), tf.cast(tau, tf.int64), tf.cast(learning_rate, tf.float32),
-            tf.cast(spec, tf.string), values))
+            tf.cast(spec, tf.string), values, tf.cast(final, tf.bool),
+            tf.cast(piece_elements, tf.int64)))
 
     def _setup_function(self):
         @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
                                       tf.TensorSpec([], tf.string),
-                                      tf.TensorSpec([None], tf.float32)])
-        def setup(set_id, worker, spec, values):
+                                      tf.TensorSpec([None], tf.float32),
+                                      tf.TensorSpec([], tf.bool)])
+        def setup(set_id, worker, spec, values, final):
             with tf.control_dependencies([self._enqueue(SETUP, set_id, worker, spec=spec,
-                                                        values=values)]):
+                                                        values=values, final=final)]):
                 return tf.constant(0, tf.int32)
 
         return setup
 
     def _pull_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
-        def pull(set_id, worker):
-            with tf.control_dependencies([self._enqueue(PULL, set_id, worker)]):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
+                                      tf.TensorSpec([], tf.int64)])
+        def pull(set_id, worker, piece_elements):
+            """The first piece of the reply; `async_pull_more` takes the others."""
+            with tf.control_dependencies([self._enqueue(PULL, set_id, worker,
+                                                        piece_elements=piece_elements)]):
                 return self._by_worker(worker, lambda w: tuple(self._replies[w].dequeue()))
 
         return pull
 
+    def _pull_more_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+        def pull_more(worker):
+            return self._by_worker(worker, lambda w: tuple(self._replies[w].dequeue()))
+
+        return pull_more
+
     def _push_function(self):
         @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
                                       tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32),
-                                      tf.TensorSpec([None], tf.float32)])
-        def push(set_id, worker, step, learning_rate, values):
+                                      tf.TensorSpec([None], tf.float32),
+                                      tf.TensorSpec([], tf.bool)])
+        def push(set_id, worker, step, learning_rate, values, final):
             with tf.control_dependencies([self._enqueue(PUSH, set_id, worker, step=step,
                                                         learning_rate=learning_rate,
-                                                        values=values)]):
+                                                        values=values, final=final)]):
                 return tf.constant(0, tf.int32)
 
         return push
@@ -208,16 +229,33 @@ class AsyncParameterStore:
                 self.stop(timeout=0)
                 return
 
-    def _handle(self, kind, set_id, worker, step, tau, learning_rate, spec, values):
+    def _whole(self, kind, set_id, worker, values, final):
+        """The values of a set-up or push once its final piece is in, else None."""
+        key = (kind, set_id, worker)
+        pieces = self._partial.setdefault(key, [])
+        pieces.append(values)
+        if not bool(final):
+            return None
+        del self._partial[key]
+        return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
+
+    def _handle(self, kind, set_id, worker, step, tau, learning_rate, spec, values, final,
+                piece_elements):
         kind, set_id, worker = int(kind), int(set_id), int(worker)
+        if kind in (SETUP, PUSH):
+            values = self._whole(kind, set_id, worker, values, final)
+            if values is None:
+                return
         if kind == SETUP:
             if set_id not in self._sets:
                 self._sets[set_id] = _ParameterSet(json.loads(spec.numpy().decode()),
                                                    values.numpy())
         elif kind == PULL:
-            parameters = self._parameters(set_id, worker)
-            self._replies[worker].enqueue((tf.constant(min(self._clocks), tf.int64),
-                                           parameters.read()))
+            flat = self._parameters(set_id, worker).read()
+            version = tf.constant(min(self._clocks), tf.int64)
+            size, step_size = int(flat.shape[0]), max(int(piece_elements), 1)
+            for start in range(0, max(size, 1), step_size):
+                self._replies[worker].enqueue((version, flat[start:start + step_size]))
         elif kind == PUSH:
             self._parameters(set_id, worker).apply(values, learning_rate)
             self._clocks[worker] += 1
