@@ -58,3 +58,21 @@ def test_async_trains_a_real_model_and_evaluates_the_servers_parameters(tmp_path
         np.testing.assert_array_equal(other["predictions"], ranks[0]["predictions"])
         for mine, theirs in zip(ranks[0]["weights"], other["weights"]):
             np.testing.assert_array_equal(mine, theirs)
+
+
+def test_a_dead_worker_lets_the_others_finish_and_fails_the_job_at_the_end(tmp_path):
+    """SSP with a dedicated server: the gate and the evaluate barrier stop waiting for it."""
+    prefix = str(tmp_path / "async")
+    done = tfdist_run(3, [script("async_training.py"), prefix, "real", "--staleness", "1",
+                          "--die", "2"], timeout=600, run_timeout=60,
+                      launcher=["--num-servers", "1", "--keep-going"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 137, failure_report(done)
+    assert "rank 2 exited with code 137; the other workers go on (--keep-going)" in output
+    assert "worker rank 2 (" in output and "died during asynchronous training" in output
+    survivors = []
+    for rank in (0, 1):
+        with open(f"{prefix}.rank{rank}.json") as f:
+            survivors.append(json.load(f))
+    assert len(survivors[0]["history"]["loss"]) == 4  # every epoch ran
+    assert survivors[0]["evaluate"] == survivors[1]["evaluate"]

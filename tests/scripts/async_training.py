@@ -10,11 +10,13 @@
       validation), evaluate, predict and save on the chief.
 
 --straggler RANK: that worker sleeps STRAGGLER_SECONDS per batch.
+--die RANK: that worker kills itself (SIGKILL) in the second epoch.
 """
 
 import argparse
 import json
 import os
+import signal
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -37,6 +39,20 @@ class Straggler(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self.slow:
             time.sleep(STRAGGLER_SECONDS)
+
+
+class Die(keras.callbacks.Callback):
+    def __init__(self, dies):
+        super().__init__()
+        self.dies, self.epoch = dies, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.dies and self.epoch == 1 and batch == 2:
+            print("dying on purpose", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Linear(keras.layers.Layer):
@@ -92,11 +108,12 @@ def main():
     parser.add_argument("--staleness", default="none")
     parser.add_argument("--straggler", type=int, default=-1)
     parser.add_argument("--staleness-aware", action="store_true")
+    parser.add_argument("--die", type=int, default=-1)
     args = parser.parse_args()
     staleness = None if args.staleness == "none" else int(args.staleness)
     strategy = tfdist.strategies.ParameterServerStrategy(mode="async", staleness=staleness)
     callbacks = [tfdist.callbacks.StalenessMonitor(),
-                 Straggler(strategy.rank == args.straggler)]
+                 Straggler(strategy.rank == args.straggler), Die(strategy.rank == args.die)]
     if args.staleness_aware:
         callbacks.append(tfdist.callbacks.StalenessAwareLearningRate())
     result = (constant if args.job == "constant" else real)(strategy, callbacks)

@@ -62,6 +62,12 @@ def build_parser():
         help="show TensorFlow's start-up notices and every rank's copy of a warning "
              "(env TFDIST_VERBOSE=1)",
     )
+    parser.add_argument(
+        "--keep-going", action="store_true",
+        default=os.environ.get("TFDIST_KEEP_GOING", "") not in ("", "0"),
+        help="when a worker fails, let the other workers finish (asynchronous parameter "
+             "server); the job still exits with the failure's code (env TFDIST_KEEP_GOING=1)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
 
@@ -140,7 +146,8 @@ def main(argv=None):
         print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
         group.terminate_all()
         return 127
-    return group.wait(workers=[str(r) for r in range(args.num_proc)])
+    return group.wait(workers=[str(r) for r in range(args.num_proc)],
+                      keep_going=args.keep_going)
 
 
 if __name__ == "__main__":

@@ -98,22 +98,38 @@ class ProcessGroup:
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
 
-    def wait(self, workers, poll_interval=0.1):
+    def wait(self, workers, poll_interval=0.1, keep_going=False):
         """Wait until the workers finish; return the job's exit code.
 
         `workers` are the labels that must all exit 0 for success; the other
         processes (servers) are stopped once the workers are done. The first
-        non-zero exit stops everyone and becomes the job's exit code.
+        non-zero exit stops everyone and becomes the job's exit code - with
+        `keep_going`, a failed worker does not stop the others (asynchronous
+        training goes on without it): the job ends when every worker has
+        exited, with the first failure's code; a server that fails before any
+        worker did still stops everyone.
         """
         workers = set(workers)
+        first_failure, tolerated = None, set()
         while True:
             failed = None
             for proc in self.processes:
                 code = proc.poll()
-                if code is not None and code != 0 and failed is None:
+                if code is not None and code != 0 and failed is None \
+                        and proc.label not in tolerated:
                     failed = proc
             if failed is not None:
                 code = exit_code_of(failed.poll())
+                lost_worker_reported = failed.label not in workers and tolerated
+                if keep_going and self._stop_signal is None and (
+                        failed.label in workers or lost_worker_reported):
+                    # A server reports the lost worker when the others are done: no reason
+                    # to stop the workers still exiting.
+                    self._log(f"{describe(failed.label)} exited with code {code}; "
+                              "the other workers go on (--keep-going)")
+                    tolerated.add(failed.label)
+                    first_failure = first_failure if first_failure is not None else code
+                    continue
                 if self._stop_signal is None:
                     self._log(
                         f"{describe(failed.label)} exited with code {code}; "
@@ -121,10 +137,22 @@ class ProcessGroup:
                     )
                 self.terminate_all()
                 return code
-            if all(p.poll() == 0 for p in self.processes if p.label in workers):
+            if all(p.poll() is not None for p in self.processes if p.label in workers) and \
+                    all(p.poll() == 0 for p in self.processes
+                        if p.label in workers and p.label not in tolerated):
+                if tolerated:  # servers stop by themselves and report the lost worker
+                    self._wait_for_all(TERMINATE_GRACE_SECONDS)
                 self.terminate_all()
-                return 0
+                return first_failure or 0
             time.sleep(poll_interval)
+
+    def _wait_for_all(self, seconds):
+        deadline = time.monotonic() + seconds
+        for proc in self.processes:
+            try:
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
 
     def terminate_all(self, grace=TERMINATE_GRACE_SECONDS):
         """SIGTERM every live process group, then SIGKILL what is left after `grace`."""

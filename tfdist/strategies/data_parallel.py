@@ -24,6 +24,9 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 Subclasses only choose the aggregation hook (`make_aggregator`).
 """
 
+import contextlib
+import threading
+
 import tensorflow as tf
 from absl import logging
 
@@ -73,6 +76,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._any_rank_function = None
         # Asynchronous parameter server only: the servers apply the updates (`async_client`).
         self.remote_updates = None
+        self._whole_batches = threading.local()
 
     @property
     def communicator(self):
@@ -230,6 +234,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         which a one-device process does not create; they are ignored.
         """
         del options
+        if getattr(self._whole_batches, "on", False):
+            return LocalSliceDataset(dataset)  # every rank reads every global batch
         if derives_from_local_slice(dataset):
             # Distributed already (a user's call before model.fit, perhaps mapped by Keras).
             return dataset if isinstance(dataset, LocalSliceDataset) else LocalSliceDataset(dataset)
@@ -241,6 +247,15 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return LocalSliceDataset(_shard_files(dataset, context))
         return LocalSliceDataset(shard_global_batch(dataset, cluster.rank, cluster.world_size))
 
+    @contextlib.contextmanager
+    def whole_batches(self):
+        """Inside: datasets are distributed whole, not sliced (asynchronous evaluate/predict)."""
+        self._whole_batches.on = True
+        try:
+            yield
+        finally:
+            self._whole_batches.on = False
+
     def check_same_number_of_batches(self, num_batches):
         """Fail clearly when ranks were given different data (a silent mismatch otherwise).
 
@@ -248,7 +263,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         their epochs have different known lengths, steps would pair up wrongly
         and the longer rank would wait on a peer that has finished.
         `num_batches` is this rank's batches per epoch, None when unknown.
+        Asynchronous workers are not in step (a collective could wait on a
+        dead worker): not checked.
         """
+        if self.remote_updates is not None:
+            return
         mine = tf.constant([-1 if num_batches is None else num_batches], tf.int64)
         every_rank = self._communicator.all_gather(mine).numpy().tolist()
         known = [n for n in every_rank if n >= 0]
@@ -262,11 +281,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def any_rank(self, flag, batch_level=False):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce).
 
-        With asynchronous updates the workers are not in step during `fit`: a
-        flag read after a batch (`batch_level`) stays this rank's own, and the
-        ranks decide together at the end of each epoch.
+        With asynchronous updates the workers are not in step, and a dead
+        worker must not block the others: every flag stays this rank's own
+        (`batch_level` says where the fit loop read it).
         """
-        if batch_level and self.remote_updates is not None:
+        del batch_level
+        if self.remote_updates is not None:
             return bool(flag)
         if self._any_rank_function is None:
             # Compiled once: an eager collective would carry an op timeout, for which
@@ -290,8 +310,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             # One process, or a merge_call inside a step (LossScaleOptimizer's
             # apply) returning to the replica: part of the step being traced.
             return super()._call_for_each_replica(fn, args, kwargs)
-        if self.remote_updates is not None and keras_patches.is_train_step(fn):
-            return self._remote_train_step(fn, args, kwargs)
+        if self.remote_updates is not None:
+            if keras_patches.is_train_step(fn):
+                return self._remote_train_step(fn, args, kwargs)
+            # Asynchronous evaluate/predict: every rank runs every global batch on the
+            # servers' parameters, alone (no collective a dead worker could block).
+            return super()._call_for_each_replica(fn, args, kwargs)
         step = self._begin_replica_step(args)
         with replica_step.active(step):
             args = replica_step.stand_in_for_empty_slice(args, step.has_rows)

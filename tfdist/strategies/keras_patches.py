@@ -98,6 +98,12 @@ def _lines_reading(code, attribute):
             if instruction.opname == "LOAD_ATTR" and instruction.argval == attribute]
 
 
+def _keywords_passed(function):
+    """Keyword-argument names that the code of `function` passes in its calls."""
+    return {name for const in inspect.unwrap(function).__code__.co_consts
+            if isinstance(const, tuple) for name in const if isinstance(name, str)}
+
+
 def _nested_function_names(function):
     return {c.co_name for c in inspect.unwrap(function).__code__.co_consts if inspect.iscode(c)}
 
@@ -156,6 +162,10 @@ def _keras_changes():
              "_prev_training_metadata_path", "_current_epoch", "_last_batch_seen"}
             <= _names_used(backup.__init__) and callable(backup._save_model)
             and "_initial_epoch" in _names_used(backup._load_model)),
+        "only fit's training TFEpochIterator takes class_weight": lambda: (
+            "class_weight" in _keywords_passed(trainer.fit)
+            and "class_weight" not in _keywords_passed(trainer.evaluate)
+            and "class_weight" not in _keywords_passed(trainer.predict)),
         "Trainer._distribute_strategy": lambda: (
             "_distribute_strategy" in _names_used(trainer.__init__)),
     }
@@ -278,26 +288,27 @@ class _StepTimeout(keras.callbacks.Callback):
 class _ServerParameters(keras.callbacks.Callback):
     """Asynchronous parameter server: the model's variables follow the servers' parameters.
 
-    After `fit`, the worker leaves the staleness gate and pulls the current
-    parameters; `evaluate` and `predict` first wait for every worker
-    (barrier) and then pull, so all workers evaluate the same parameters and
-    `model.save` after them saves what the servers hold.
+    At the end of `fit` the worker leaves the staleness gate, waits for every
+    live worker to finish its `fit` (a barrier on server 0, which stops
+    waiting for dead workers) and pulls the final parameters; `evaluate` and
+    `predict` also start with a barrier and a pull. So all workers hold, and
+    evaluate (each the whole data), the same parameters, and `model.save`
+    after `fit` saves every update.
     """
 
     def __init__(self, strategy):
         super().__init__()
         self._remote = strategy.extended.remote_updates
-        self._communicator = strategy.extended.communicator
 
     def _refresh(self, barrier):
         if barrier:
-            self._communicator.barrier()
+            self._remote.barrier()
         if self.model.optimizer is not None:
             self._remote.refresh(self.model.optimizer)
 
     def on_train_end(self, logs=None):
         self._remote.leave()
-        self._refresh(barrier=False)
+        self._refresh(barrier=True)
 
     def on_test_begin(self, logs=None):
         self._refresh(barrier=True)
@@ -699,7 +710,13 @@ def install_data_recording():
 
     def iterator_init(self, distribute_strategy=None, *args, **kwargs):
         global _latest_data_adapter
-        epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        # Only fit's training iterator passes class_weight (checked by check_keras).
+        if (_is_tfdist_strategy(distribute_strategy) and "class_weight" not in kwargs
+                and distribute_strategy.extended.remote_updates is not None):
+            with distribute_strategy.extended.whole_batches():
+                epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        else:
+            epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
         _latest_data_adapter = weakref.ref(self.data_adapter)
         if _is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
             distribute_strategy.extended.check_same_number_of_batches(self.num_batches)

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES
 
+HISTOGRAM_BINS = 64  # staleness 0 .. 62, and 63 for 63 or more
 PIECE_ELEMENTS = DEFAULT_PIECE_BYTES // 4  # float32 values per message (gRPC caps one at 4 MiB)
 
 
@@ -82,6 +83,8 @@ class AsyncParameterServerClient:
             self.staleness_sum = counter("tfdist_staleness_sum")
             self.staleness_max = counter("tfdist_staleness_max")
             self.wait_seconds = counter("tfdist_ps_wait", tf.float64)
+            self.staleness_counts = tf.Variable(tf.zeros([HISTOGRAM_BINS], tf.int64),
+                                                trainable=False, name="tfdist_staleness_counts")
             # StalenessAwareLearningRate: the rate of each update divided by its staleness.
             self.staleness_aware_rate = tf.Variable(False, trainable=False,
                                                     name="tfdist_staleness_aware_rate")
@@ -175,6 +178,15 @@ class AsyncParameterServerClient:
         self.clients[0].call("async_leave", [tf.constant(self.rank)],
                              tf.TensorSpec([], tf.int32))
 
+    def barrier(self):
+        """Return once every live worker has called `barrier` (eager; through server 0).
+
+        Unlike a collective, a dead worker does not block it: the server
+        stops waiting for a worker it found gone.
+        """
+        self.clients[0].call("async_barrier", [tf.constant(self.rank)],
+                             tf.TensorSpec([], tf.int64))
+
     def owns(self, optimizer):
         return id(optimizer) in self._sets
 
@@ -201,24 +213,30 @@ class AsyncParameterServerClient:
         with tf.control_dependencies(sends):
             return [self.pushes.assign_add(1), self.updates.assign_add(1),
                     self.staleness_sum.assign_add(staleness),
-                    self.staleness_max.assign(tf.maximum(self.staleness_max, staleness))]
+                    self.staleness_max.assign(tf.maximum(self.staleness_max, staleness)),
+                    self.staleness_counts.scatter_nd_add(
+                        [[tf.minimum(staleness, HISTOGRAM_BINS - 1)]],
+                        tf.constant([1], tf.int64))]
 
     def statistics(self):
-        """{"updates", "staleness_mean", "staleness_max", "ps_wait_ms"} since the last reset.
+        """{"updates", "staleness_mean", "staleness_max", "ps_wait_ms", "staleness_counts"}.
 
-        `ps_wait_ms` is the mean time per update this worker was blocked at
-        the gate, in milliseconds.
+        Since the last reset. `ps_wait_ms` is the mean time per update this
+        worker was blocked at the gate, in milliseconds; `staleness_counts[s]`
+        the number of its updates with staleness s (the last bin: s or more).
         """
         updates = int(self.updates.numpy())
         return {"updates": updates,
                 "staleness_mean": float(self.staleness_sum.numpy()) / max(updates, 1),
                 "staleness_max": int(self.staleness_max.numpy()),
-                "ps_wait_ms": 1000.0 * float(self.wait_seconds.numpy()) / max(updates, 1)}
+                "ps_wait_ms": 1000.0 * float(self.wait_seconds.numpy()) / max(updates, 1),
+                "staleness_counts": [int(c) for c in self.staleness_counts.numpy()]}
 
     def reset_statistics(self):
         for variable in (self.updates, self.staleness_sum, self.staleness_max):
             variable.assign(0)
         self.wait_seconds.assign(0.0)
+        self.staleness_counts.assign(tf.zeros_like(self.staleness_counts))
 
 
 def _pieces(values):

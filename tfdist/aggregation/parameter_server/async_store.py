@@ -22,7 +22,11 @@ that handles it, in arrival order:
   Petuum Bosen): a worker about to make push c may go once every worker's
   clock is at least c - tau; until then its permit waits;
 * leave (a worker's `fit` ended): the gate no longer waits for that worker
-  until it pushes again.
+  until it pushes again;
+* barrier (server 0; before `evaluate` and `predict`): a worker's permit
+  comes once every live worker has arrived at the same barrier;
+* gone (the server noticed a dead worker): neither the gate nor a barrier
+  waits for it any more, so the other workers finish.
 
 Values travel in pieces of at most `async_client.PIECE_BYTES` (gRPC caps a
 message at 4 MiB): a set-up or a push is handled once its final piece has
@@ -50,7 +54,7 @@ import tensorflow as tf
 from absl import logging
 
 QUEUE_CAPACITY = 1 << 20
-SETUP, PULL, PUSH, GATE, LEAVE = 0, 1, 2, 3, 4
+SETUP, PULL, PUSH, GATE, LEAVE, BARRIER, GONE = 0, 1, 2, 3, 4, 5, 6
 # kind, set, worker, step, tau, learning rate, spec, values, final piece?, elements per piece
 _REQUEST_DTYPES = [tf.int32, tf.int32, tf.int32, tf.int64, tf.int64, tf.float32, tf.string,
                    tf.float32, tf.bool, tf.int64]
@@ -116,6 +120,10 @@ class AsyncParameterStore:
         self._clocks = [0] * self.num_workers
         self._waiting = []  # (worker, push number, tau) of gates not yet open
         self._left = set()  # workers outside `fit`: the gate does not wait for them
+        self._gone = set()  # dead workers: nothing waits for them
+        self._barriers = [0] * self.num_workers  # barriers each worker has arrived at
+        self._waiting_barriers = []  # (worker, barrier number)
+        self.active = False  # an asynchronous job set parameters up here
         self._partial = {}  # (kind, set, worker) -> pieces received so far
         self._thread = None
         self._next_request = tf.function(self._requests.dequeue)
@@ -126,7 +134,8 @@ class AsyncParameterStore:
         return {"async_setup": self._setup_function(), "async_pull": self._pull_function(),
                 "async_pull_more": self._pull_more_function(),
                 "async_push": self._push_function(), "async_gate": self._gate_function(),
-                "async_leave": self._leave_function()}
+                "async_leave": self._leave_function(),
+                "async_barrier": self._barrier_function()}
 
     def _by_worker(self, worker, branch):
         return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
@@ -200,6 +209,18 @@ class AsyncParameterStore:
 
         return leave
 
+    def _barrier_function(self):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+        def barrier(worker):
+            with tf.control_dependencies([self._enqueue(BARRIER, 0, worker)]):
+                return self._by_worker(worker, lambda w: self._permits[w].dequeue())
+
+        return barrier
+
+    def worker_gone(self, worker):
+        """A worker died (noticed by the server's probes): stop waiting for it (any thread)."""
+        self._enqueue(GONE, 0, worker)
+
     # ------------------------------------------------------------ serving
     def start(self):
         self._thread = threading.Thread(target=self._serve_requests, daemon=True,
@@ -247,6 +268,7 @@ class AsyncParameterStore:
             if values is None:
                 return
         if kind == SETUP:
+            self.active = True
             if set_id not in self._sets:
                 self._sets[set_id] = _ParameterSet(json.loads(spec.numpy().decode()),
                                                    values.numpy())
@@ -268,6 +290,14 @@ class AsyncParameterStore:
         elif kind == LEAVE:
             self._left.add(worker)
             self._open_gates()
+        elif kind == BARRIER:
+            self._barriers[worker] += 1
+            self._waiting_barriers.append((worker, self._barriers[worker]))
+            self._open_barriers()
+        elif kind == GONE:
+            self._gone.add(worker)
+            self._open_gates()
+            self._open_barriers()
 
     def _parameters(self, set_id, worker):
         if set_id not in self._sets:
@@ -277,7 +307,8 @@ class AsyncParameterStore:
 
     def _open_gates(self):
         """Let through every waiting worker whose push number is within tau of the slowest."""
-        taking_part = [c for w, c in enumerate(self._clocks) if w not in self._left]
+        taking_part = [c for w, c in enumerate(self._clocks)
+                       if w not in self._left and w not in self._gone]
         slowest = min(taking_part) if taking_part else max(self._clocks)
         still = []
         for worker, step, tau in self._waiting:
@@ -286,3 +317,15 @@ class AsyncParameterStore:
             else:
                 still.append((worker, step, tau))
         self._waiting = still
+
+    def _open_barriers(self):
+        """Let through every worker whose barrier every live worker has reached."""
+        live = [count for w, count in enumerate(self._barriers) if w not in self._gone]
+        reached = min(live) if live else max(self._barriers)
+        still = []
+        for worker, number in self._waiting_barriers:
+            if number <= reached:
+                self._permits[worker].enqueue(tf.constant(number, tf.int64))
+            else:
+                still.append((worker, number))
+        self._waiting_barriers = still

@@ -21,7 +21,9 @@ goodbye at exit. The server probes the port of every checked-in worker
 a message naming it; the server then closes its queues, so workers waiting
 on it fail too instead of hanging. When every worker has said goodbye the
 server stops cleanly. Probes use no TensorFlow: nothing runs beside the
-served functions.
+served functions. In an asynchronous job (`async_store`) a dead worker does
+not fail the server: the gate and barriers stop waiting for it, the other
+workers finish, and the server then exits with code 1 naming it.
 """
 
 import os
@@ -61,6 +63,7 @@ class ShardServer:
         self.name = name
         self.timeout = float(timeout)
         self.error = None
+        self.lost_workers = set()
         self.reducers_stopped = False
         self._stopped = threading.Event()
         workers = range(self.num_workers)
@@ -191,12 +194,25 @@ class ShardServer:
         if probes is None:
             return
         for worker in probes.probe(connected):
-            if checkins[worker] == HELLO:
+            if checkins[worker] == HELLO and self.async_store.active:
+                self._lose_worker(worker)
+            elif checkins[worker] == HELLO:
                 self._fail(f"tfdist {self.name}: worker rank {worker} "
                            f"({self.worker_addresses[worker]}) is gone (connection refused) "
                            "without saying goodbye; it has probably died (last step it pushed: "
                            f"{int(self.clock.numpy()[worker])}).", dead_worker=worker)
                 return
+
+    def _lose_worker(self, worker):
+        """Asynchronous training: a dead worker is reported at the end; the others finish."""
+        if worker in self.lost_workers:
+            return
+        self.lost_workers.add(worker)
+        address = self.worker_addresses[worker]
+        logging.error("tfdist %s: worker rank %d (%s) is gone (connection refused) without "
+                      "saying goodbye; it has probably died. The other workers go on "
+                      "(asynchronous training).", self.name, worker, address)
+        self.async_store.worker_gone(worker)
 
     def serve(self):
         """Run until every worker has said goodbye (returns 0) or one fails (returns 1).
@@ -216,7 +232,8 @@ class ShardServer:
                   if self.worker_addresses else None)
         while not self._stopped.wait(PROBE_INTERVAL_SECONDS):
             checkins = self._checkins.numpy()
-            if (checkins == GOODBYE).all():
+            if all(state == GOODBYE or worker in self.lost_workers
+                   for worker, state in enumerate(checkins)):
                 logging.info("tfdist %s: all workers finished; stopping", self.name)
                 self._stopped.set()
                 break
@@ -230,4 +247,9 @@ class ShardServer:
             thread.join(max(0.0, deadline - time.monotonic()))
         self.reducers_stopped = store_stopped and not any(t.is_alive() for t in threads)
         self.error = self.error or self.async_store.error
+        if self.lost_workers and not self.error:
+            lost = ", ".join(f"rank {w} ({self.worker_addresses[w]})"
+                             for w in sorted(self.lost_workers))
+            self.error = (f"tfdist {self.name}: worker {lost} died during asynchronous "
+                          "training; the other workers finished.")
         return 1 if self.error else 0
