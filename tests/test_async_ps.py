@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import failure_report, script, tfdist_run
+from helpers import failure_report, horovodrun, script, tfdist_run
 
 TOLERANCE = 1e-5
 
@@ -38,6 +38,11 @@ def test_every_update_is_applied_once(tmp_path, workers, servers, staleness, str
         assert difference <= TOLERANCE, f"rank {result['rank']}: {difference}"
         if staleness != "none":
             assert max(result["history"]["staleness_max"]) <= int(staleness), result["history"]
+    # Every push is counted once where it was applied (one variable: one server holds it).
+    steps_per_worker = 3 * 96 // 12  # epochs x batches (async_training.py's constant job)
+    applied = [server["updates_applied"] for server in ranks[0]["server_stats"]]
+    if workers > 1:
+        assert max(applied) == workers * steps_per_worker, applied
     if staleness == "0":
         assert all(max(r["history"]["staleness_max"]) == 0 for r in ranks)
     if staleness == "1":  # the fast workers ran ahead (and waited) while rank 1 slept
@@ -76,3 +81,16 @@ def test_a_dead_worker_lets_the_others_finish_and_fails_the_job_at_the_end(tmp_p
             survivors.append(json.load(f))
     assert len(survivors[0]["history"]["loss"]) == 4  # every epoch ran
     assert survivors[0]["evaluate"] == survivors[1]["evaluate"]
+
+
+@pytest.mark.horovod
+def test_async_under_horovodrun_with_co_located_servers(tmp_path):
+    prefix = str(tmp_path / "async")
+    done = horovodrun(2, [script("async_training.py"), prefix, "constant", "--staleness", "1"],
+                      timeout=600)
+    assert done.returncode == 0, failure_report(done)
+    for rank in range(2):
+        with open(f"{prefix}.rank{rank}.json") as f:
+            result = json.load(f)
+        assert np.max(np.abs(np.array(result["weights"]) - np.array(result["expected"]))) \
+            <= TOLERANCE

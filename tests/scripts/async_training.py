@@ -118,6 +118,9 @@ def main():
         callbacks.append(tfdist.callbacks.StalenessAwareLearningRate())
     result = (constant if args.job == "constant" else real)(strategy, callbacks)
     result["rank"] = strategy.rank
+    aggregator = strategy.extended.aggregator  # one worker and no server: nothing to ask
+    result["server_stats"] = (aggregator.server_stats() if isinstance(
+        aggregator, tfdist.aggregation.ParameterServerAggregator) else [])
     with open(f"{args.out}.rank{strategy.rank}.json", "w") as f:
         json.dump(result, f)
 

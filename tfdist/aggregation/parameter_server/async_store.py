@@ -124,6 +124,7 @@ class AsyncParameterStore:
         self._barriers = [0] * self.num_workers  # barriers each worker has arrived at
         self._waiting_barriers = []  # (worker, barrier number)
         self.active = False  # an asynchronous job set parameters up here
+        self.applied = tf.Variable(tf.constant(0, tf.int64))  # pushes applied (all workers)
         self._partial = {}  # (kind, set, worker) -> pieces received so far
         self._thread = None
         self._next_request = tf.function(self._requests.dequeue)
@@ -280,6 +281,7 @@ class AsyncParameterStore:
                 self._replies[worker].enqueue((version, flat[start:start + step_size]))
         elif kind == PUSH:
             self._parameters(set_id, worker).apply(values, learning_rate)
+            self.applied.assign_add(1)
             self._clocks[worker] += 1
             self._left.discard(worker)
             self._open_gates()

@@ -122,12 +122,14 @@ class ParameterServerAggregator(Aggregator):
         return "\n".join(line for line in lines if line) or None
 
     def server_stats(self):
-        """Per server: {"pid", "bytes_received", "pieces_received"} since it started (eager)."""
+        """Per server, since it started (eager): {"pid", "bytes_received", "pieces_received",
+        "updates_applied"} (the last: asynchronous pushes applied, every worker's)."""
         stats = []
         for client in self.clients:
-            pid, nbytes, pieces = client.call("stats", [], tf.TensorSpec([3], tf.int64)).numpy()
+            pid, nbytes, pieces, applied = client.call(
+                "stats", [], tf.TensorSpec([4], tf.int64)).numpy()
             stats.append({"pid": int(pid), "bytes_received": int(nbytes),
-                          "pieces_received": int(pieces)})
+                          "pieces_received": int(pieces), "updates_applied": int(applied)})
         return stats
 
     def close(self):

@@ -110,9 +110,9 @@ class ShardServer:
     def _stats_function(self):
         @tf.function(input_signature=[])
         def stats():
-            """[process id, bytes received, pieces received] (monitoring, benchmarks)."""
-            return tf.concat([tf.constant([os.getpid()], tf.int64), self._received.read_value()],
-                             axis=0)
+            """[process id, bytes received, pieces received, asynchronous updates applied]."""
+            return tf.concat([tf.constant([os.getpid()], tf.int64), self._received.read_value(),
+                              self.async_store.applied.read_value()[None]], axis=0)
 
         return stats
 
