@@ -55,6 +55,10 @@ from absl import logging
 
 QUEUE_CAPACITY = 1 << 20
 SETUP, PULL, PUSH, GATE, LEAVE, BARRIER, GONE = 0, 1, 2, 3, 4, 5, 6
+_INT32, _INT64 = tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)
+_FLOAT32, _STRING, _BOOL = (tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.string),
+                            tf.TensorSpec([], tf.bool))
+_VALUES = tf.TensorSpec([None], tf.float32)
 # kind, set, worker, step, tau, learning rate, spec, values, final piece?, elements per piece
 _REQUEST_DTYPES = [tf.int32, tf.int32, tf.int32, tf.int64, tf.int64, tf.float32, tf.string,
                    tf.float32, tf.bool, tf.int64]
@@ -131,17 +135,49 @@ class AsyncParameterStore:
 
     # ------------------------------------------------------------ methods
     def methods(self):
-        """{name: tf.function} to register with the server's RPC runtime."""
-        return {"async_setup": self._setup_function(), "async_pull": self._pull_function(),
-                "async_pull_more": self._pull_more_function(),
-                "async_push": self._push_function(), "async_gate": self._gate_function(),
-                "async_leave": self._leave_function(),
-                "async_barrier": self._barrier_function()}
+        """{name: tf.function} to register with the server's RPC runtime.
+
+        Each queues one request built from its arguments; those with a reply
+        then wait for it in the calling worker's reply or permit queue.
+        """
+        return {
+            "async_setup": self._method(SETUP, set_id=_INT32, worker=_INT32, spec=_STRING,
+                                        values=_VALUES, final=_BOOL),
+            "async_pull": self._method(PULL, self._replies, set_id=_INT32, worker=_INT32,
+                                       piece_elements=_INT64),
+            "async_pull_more": self._method(None, self._replies, worker=_INT32),
+            "async_push": self._method(PUSH, set_id=_INT32, worker=_INT32, step=_INT64,
+                                       learning_rate=_FLOAT32, values=_VALUES, final=_BOOL),
+            "async_gate": self._method(GATE, self._permits, worker=_INT32, step=_INT64,
+                                       tau=_INT64),
+            "async_leave": self._method(LEAVE, worker=_INT32),
+            "async_barrier": self._method(BARRIER, self._permits, worker=_INT32),
+        }
+
+    def _method(self, kind, replies=None, **arguments):
+        """An RPC method: queue a `kind` request of `arguments` (None: none), then answer.
+
+        The answer is the next item of the worker's queue in `replies`, or 0
+        once the request is queued when there is no reply.
+        """
+        names = list(arguments)
+
+        @tf.function(input_signature=list(arguments.values()))
+        def method(*values):
+            request = dict(zip(names, values))
+            queued = [] if kind is None else [self._enqueue(kind, **request)]
+            with tf.control_dependencies(queued):
+                if replies is None:
+                    return tf.constant(0, tf.int32)
+                return self._by_worker(request["worker"], lambda w: _as_tuple(
+                    replies[w].dequeue()))
+
+        return method
 
     def _by_worker(self, worker, branch):
         return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
 
-    def _enqueue(self, kind, set_id, worker, step=0, tau=0, learning_rate=0.0, spec="",
+    def _enqueue(self, kind, worker, set_id=0, step=0, tau=0, learning_rate=0.0, spec="",
                  values=None, final=True, piece_elements=0):
         values = tf.zeros([0], tf.float32) if values is None else values
         return self._requests.enqueue((
@@ -150,77 +186,9 @@ class AsyncParameterStore:
             tf.cast(spec, tf.string), values, tf.cast(final, tf.bool),
             tf.cast(piece_elements, tf.int64)))
 
-    def _setup_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                      tf.TensorSpec([], tf.string),
-                                      tf.TensorSpec([None], tf.float32),
-                                      tf.TensorSpec([], tf.bool)])
-        def setup(set_id, worker, spec, values, final):
-            with tf.control_dependencies([self._enqueue(SETUP, set_id, worker, spec=spec,
-                                                        values=values, final=final)]):
-                return tf.constant(0, tf.int32)
-
-        return setup
-
-    def _pull_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                      tf.TensorSpec([], tf.int64)])
-        def pull(set_id, worker, piece_elements):
-            """The first piece of the reply; `async_pull_more` takes the others."""
-            with tf.control_dependencies([self._enqueue(PULL, set_id, worker,
-                                                        piece_elements=piece_elements)]):
-                return self._by_worker(worker, lambda w: tuple(self._replies[w].dequeue()))
-
-        return pull
-
-    def _pull_more_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
-        def pull_more(worker):
-            return self._by_worker(worker, lambda w: tuple(self._replies[w].dequeue()))
-
-        return pull_more
-
-    def _push_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                      tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32),
-                                      tf.TensorSpec([None], tf.float32),
-                                      tf.TensorSpec([], tf.bool)])
-        def push(set_id, worker, step, learning_rate, values, final):
-            with tf.control_dependencies([self._enqueue(PUSH, set_id, worker, step=step,
-                                                        learning_rate=learning_rate,
-                                                        values=values, final=final)]):
-                return tf.constant(0, tf.int32)
-
-        return push
-
-    def _gate_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64),
-                                      tf.TensorSpec([], tf.int64)])
-        def gate(worker, step, tau):
-            with tf.control_dependencies([self._enqueue(GATE, 0, worker, step=step, tau=tau)]):
-                return self._by_worker(worker, lambda w: self._permits[w].dequeue())
-
-        return gate
-
-    def _leave_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
-        def leave(worker):
-            with tf.control_dependencies([self._enqueue(LEAVE, 0, worker)]):
-                return tf.constant(0, tf.int32)
-
-        return leave
-
-    def _barrier_function(self):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
-        def barrier(worker):
-            with tf.control_dependencies([self._enqueue(BARRIER, 0, worker)]):
-                return self._by_worker(worker, lambda w: self._permits[w].dequeue())
-
-        return barrier
-
     def worker_gone(self, worker):
         """A worker died (noticed by the server's probes): stop waiting for it (any thread)."""
-        self._enqueue(GONE, 0, worker)
+        self._enqueue(GONE, worker)
 
     # ------------------------------------------------------------ serving
     def start(self):
@@ -331,3 +299,8 @@ class AsyncParameterStore:
             else:
                 still.append((worker, number))
         self._waiting_barriers = still
+
+
+def _as_tuple(dequeued):
+    """A queue's dequeue: one tensor, or several (returned as a tuple)."""
+    return tuple(dequeued) if isinstance(dequeued, (list, tuple)) else dequeued
