@@ -278,14 +278,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "on every rank; tfdist gives each rank its slice of every global batch."
             )
 
-    def any_rank(self, flag, batch_level=False):
+    def any_rank(self, flag):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce).
 
         With asynchronous updates the workers are not in step, and a dead
-        worker must not block the others: every flag stays this rank's own
-        (`batch_level` says where the fit loop read it).
+        worker must not block the others: every flag stays this rank's own.
         """
-        del batch_level
         if self.remote_updates is not None:
             return bool(flag)
         if self._any_rank_function is None:

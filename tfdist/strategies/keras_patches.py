@@ -41,7 +41,6 @@ the epoch-iterator hook alone, when a tfdist learning-rate callback is
 created); importing tfdist patches nothing. Both are idempotent.
 """
 
-import dis
 import functools
 import inspect
 import sys
@@ -92,12 +91,6 @@ def _names_used(function):
     return names
 
 
-def _lines_reading(code, attribute):
-    """Line numbers where `code` reads `self.<attribute>`."""
-    return [instruction.positions.lineno for instruction in dis.get_instructions(code)
-            if instruction.opname == "LOAD_ATTR" and instruction.argval == attribute]
-
-
 def _keywords_passed(function):
     """Keyword-argument names that the code of `function` passes in its calls."""
     return {name for const in inspect.unwrap(function).__code__.co_consts
@@ -132,9 +125,6 @@ def _keras_changes():
         "keras.metrics.Mean.update_state(values, sample_weight)": lambda: (
             _parameters(keras.metrics.Mean.update_state)[:3] == ["self", "values",
                                                                  "sample_weight"]),
-        "fit reads stop_training after each batch and after each epoch": lambda: (
-            len(set(_lines_reading(inspect.unwrap(trainer.fit).__code__, "stop_training")))
-            >= 2),
         "fit/evaluate/predict read stop_training/stop_evaluating/stop_predicting": lambda: all(
             flag in _names_used(loop) for loop, flag in (
                 (trainer.fit, "stop_training"), (trainer.evaluate, "stop_evaluating"),
@@ -602,14 +592,9 @@ def _install_collective_stop_flags():
     loops = {inspect.unwrap(loop).__code__ for loop in (trainer.fit, trainer.evaluate,
                                                          trainer.predict)}
     loops = {code.co_filename for code in loops}, {code.co_name for code in loops}
-    fit_code = inspect.unwrap(trainer.fit).__code__
-    epoch_level_line = max(_lines_reading(fit_code, "stop_training"))
 
     def read_by_keras_loop(frame):
         return frame.f_code.co_filename in loops[0] and frame.f_code.co_name in loops[1]
-
-    def batch_level(frame):
-        return frame.f_code is fit_code and frame.f_lineno != epoch_level_line
 
     for name in ("stop_training", "stop_evaluating", "stop_predicting"):
         attribute = f"_tfdist_{name}"
@@ -620,7 +605,7 @@ def _install_collective_stop_flags():
             frame = sys._getframe(1)  # pylint: disable=protected-access
             if strategy is None or strategy.world_size == 1 or not read_by_keras_loop(frame):
                 return local
-            return strategy.extended.any_rank(local, batch_level=batch_level(frame))
+            return strategy.extended.any_rank(local)
 
         def set_(self, value, _attribute=attribute):
             self.__dict__[_attribute] = value
