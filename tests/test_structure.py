@@ -11,7 +11,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 
 # Lowest first. A module may import from its own layer and the layers below it.
 LAYERS = [
-    ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes"),
+    ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes",
+     "tfdist.profile_request"),
     ("tfdist.comm",),
     ("tfdist.aggregation",),
     ("tfdist.runtime",),

@@ -15,6 +15,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import random_seed
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
 OneDeviceExtended = one_device_strategy.OneDeviceExtended
@@ -22,6 +23,7 @@ ReplicaContext = distribute_lib.ReplicaContext
 ReduceOp = reduce_util.ReduceOp
 ResourceVariable = resource_variable_ops.ResourceVariable
 UnaryUnchangedStructureDataset = dataset_ops.UnaryUnchangedStructureDataset
+XSpace = xplane_pb2.XSpace  # the profiler's file format (*.xplane.pb)
 
 all_reduce_v2 = collective_ops.all_reduce_v2
 all_gather_v2 = collective_ops.all_gather_v2

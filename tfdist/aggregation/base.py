@@ -9,7 +9,14 @@ may keep state across steps (a residual per variable for error feedback, a
 server protocol's clocks, counters for a profiler), keyed by the bucket's
 index or its variables. Each algorithm also owns its alpha-beta cost model
 (`predict_seconds`), next to the docstring that derives it: one formula per
-algorithm, used by `tfdist.aggregation.cost_model` and the benchmarks.
+algorithm, used by `tfdist.aggregation.cost_model` and the benchmarks, and
+the bytes each rank sends (`sent_bytes`).
+
+Every bucket is reduced under the name scope `tfdist/<algorithm>/<kind>_<index>`
+(so its ops show by that name in the profiler's trace viewer and in the
+merged timeline, `tfdist.launch.timeline`) and, while a training step is
+traced with communication counters enabled, timed by them
+(`tfdist.aggregation.counters`).
 
 Docstrings of implementations state the algorithm, the cost model (alpha:
 per-message latency in seconds, beta: seconds per byte, n: bytes each
@@ -21,6 +28,8 @@ import abc
 import dataclasses
 import itertools
 import threading
+
+import tensorflow as tf
 
 GRADIENTS = "gradients"
 STATE = "state"  # metric state, layer statistics, row counts, stop flags
@@ -60,10 +69,13 @@ class Aggregator(abc.ABC):
 
     name = "abstract"
     communicates = True
+    num_servers = 0  # parameter servers the algorithm sends to (counted per server)
 
     def __init__(self):
         self._bucket_numbers = itertools.count()
         self._bucket_lock = threading.Lock()
+        # The process's `CommunicationCounters`, set by the strategy (None: not counted).
+        self.counters = None
 
     def all_reduce(self, tensors, variables=None, kind=STATE):
         """Sum `tensors` across ranks: one new bucket (see `reduce_bucket`).
@@ -78,7 +90,16 @@ class Aggregator(abc.ABC):
         with self._bucket_lock:
             index = next(self._bucket_numbers)
         variables = tuple(variables) if variables is not None else (None,) * len(tensors)
-        return list(self.reduce_bucket(Bucket(index, tuple(tensors), variables, kind)))
+        bucket = Bucket(index, tuple(tensors), variables, kind)
+        with tf.name_scope(self.scope_name(bucket)):
+            if self.counters is None:
+                return list(self.reduce_bucket(bucket))
+            return list(self.counters.timed(bucket.tensors, lambda: self.reduce_bucket(bucket),
+                                            bucket.num_bytes, self.sent_bytes(bucket.num_bytes)))
+
+    def scope_name(self, bucket):
+        """The absolute name scope of `bucket`'s ops: `tfdist/<algorithm>/<kind>_<index>/`."""
+        return f"tfdist/{self.name}/{bucket.kind}_{bucket.index}/"
 
     @abc.abstractmethod
     def reduce_bucket(self, bucket):
@@ -92,6 +113,11 @@ class Aggregator(abc.ABC):
         `options` are the algorithm's own constructor settings (fanout,
         servers, chunk size, ...); see each implementation.
         """
+
+    def sent_bytes(self, n_bytes):
+        """Bytes this rank puts on the wire to aggregate a bucket of `n_bytes` (0 by default)."""
+        del n_bytes
+        return 0
 
     def close(self):
         """Release what the algorithm holds (servers, threads); nothing by default."""

@@ -44,6 +44,11 @@ class RingAllReduceAggregator(Aggregator):
         reduced = [self.communicator.all_reduce(flat) for flat in plan.pack(tensors)]
         return plan.unpack(reduced)
 
+    def sent_bytes(self, n_bytes):
+        """2 (P - 1) / P n: P - 1 steps of n / P in each of the two phases."""
+        p = self.communicator.world_size
+        return 2 * (p - 1) * n_bytes / p
+
     @classmethod
     def predict_seconds(cls, n_bytes, world_size, alpha, beta):
         """2 (P - 1) alpha + 2 (P - 1) / P n beta (reduce-scatter + all-gather)."""

@@ -115,6 +115,12 @@ class ReductionTreeAggregator(Aggregator):
         plan = FusionPlan(tensors, self.bucket_bytes)
         return plan.unpack([self._reduce_flat(flat) for flat in plan.pack(tensors)])
 
+    def sent_bytes(self, n_bytes):
+        """n to the parent (reduce) plus n to each child (broadcast)."""
+        rank = self.communicator.rank
+        links = len(self.tree.children(rank)) + (self.tree.parent(rank) is not None)
+        return links * n_bytes
+
     @classmethod
     def predict_seconds(cls, n_bytes, world_size, alpha, beta, fanout=2,
                         chunk_bytes=DEFAULT_CHUNK_BYTES):

@@ -1,10 +1,11 @@
-"""Keras 3 callbacks for distributed and large-batch training, and for asynchronous updates.
+"""Keras 3 callbacks for distributed and large-batch training, asynchronous updates and profiling.
 
 The learning-rate callbacks compose in one order, whatever order they are
 listed in: `LearningRateScaling` -> `LearningRateWarmup` ->
 `LearningRateSchedule` (see `learning_rate_control`).
 """
 
+from tfdist.callbacks.communication_monitor import CommunicationMonitor
 from tfdist.callbacks.learning_rate_scaling import LearningRateScaling
 from tfdist.callbacks.learning_rate_schedule import LearningRateSchedule
 from tfdist.callbacks.learning_rate_warmup import LearningRateWarmup
@@ -12,4 +13,4 @@ from tfdist.callbacks.staleness_aware_learning_rate import StalenessAwareLearnin
 from tfdist.callbacks.staleness_monitor import StalenessMonitor
 
 __all__ = ["LearningRateScaling", "LearningRateWarmup", "LearningRateSchedule",
-           "StalenessMonitor", "StalenessAwareLearningRate"]
+           "StalenessMonitor", "StalenessAwareLearningRate", "CommunicationMonitor"]

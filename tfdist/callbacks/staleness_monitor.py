@@ -34,16 +34,20 @@ class StalenessMonitor(keras.callbacks.Callback):
     ```
     """
 
+    def __init__(self):
+        super().__init__()
+        self._epoch_start = None
+
     def on_epoch_begin(self, epoch, logs=None):
         remote = keras_patches.asynchronous_updates(self.model)
         if remote is not None:
-            remote.reset_statistics()
+            self._epoch_start = remote.snapshot()
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
             return
         remote = keras_patches.asynchronous_updates(self.model)
-        statistics = (remote.statistics() if remote is not None else
+        statistics = (remote.statistics(since=self._epoch_start) if remote is not None else
                       {"staleness_mean": 0.0, "staleness_max": 0, "ps_wait_ms": 0.0})
         for key in ("staleness_mean", "staleness_max", "ps_wait_ms"):
             logs[key] = statistics[key]

@@ -1,7 +1,8 @@
 """`tfdist-run`: start a multi-process tfdist job on this machine.
 
     tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--horovod]
-               [--verbose] python train.py args...
+               [--verbose] [--keep-going] [--profile DIR [--profile-steps A:B]]
+               python train.py args...
 
 Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
 each with the environment `tfdist.cluster.discover` reads. Every flag can also
@@ -12,14 +13,18 @@ ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
 exits 0, otherwise that of the first process to fail (the others are
 terminated and the failing rank is named). TensorFlow's start-up notices
 and repeated copies of a warning are left out of the output unless
-`--verbose` (`tfdist.launch.output_filter`).
+`--verbose` (`tfdist.launch.output_filter`). `--profile DIR` profiles
+training batches A..B on every rank into `DIR/rank_<k>` and, when the job
+succeeded, merges them into one timeline (`tfdist.launch.timeline`).
 """
 
 import argparse
 import os
+import subprocess
 import sys
 
 from tfdist import cluster as cluster_lib
+from tfdist import profile_request
 from tfdist.comm import ports as ports_lib
 from tfdist.launch import gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
@@ -68,6 +73,18 @@ def build_parser():
         help="when a worker fails, let the other workers finish (asynchronous parameter "
              "server); the job still exits with the failure's code (env TFDIST_KEEP_GOING=1)",
     )
+    parser.add_argument(
+        "--profile", metavar="DIR", default=os.environ.get(profile_request.PROFILE_DIR_ENV),
+        help="profile every rank's training batches --profile-steps with TensorFlow's profiler "
+             "into DIR/rank_<k> (runs of `tensorboard --logdir DIR`), then merge the ranks' "
+             "communication into DIR/tfdist_timeline.json and DIR/tfdist_overlap.json "
+             "(env TFDIST_PROFILE_DIR)")
+    parser.add_argument(
+        "--profile-steps", metavar="A:B",
+        default=os.environ.get(profile_request.PROFILE_STEPS_ENV,
+                               profile_request.DEFAULT_PROFILE_STEPS),
+        help="training batches to profile, counted from 1 in each fit, inclusive "
+             f"(env TFDIST_PROFILE_STEPS, default {profile_request.DEFAULT_PROFILE_STEPS})")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
 
@@ -83,6 +100,10 @@ def validate(args, parser):
         args.command = args.command[1:]
     if not args.command:
         parser.error("no command given (e.g. tfdist-run -np 2 python train.py)")
+    try:
+        profile_request.parse_profile_steps(args.profile_steps)
+    except ValueError as error:
+        parser.error(f"--profile-steps: {error}")
 
 
 def job_environments(num_proc, num_servers, timeout, port_list, base_env):
@@ -90,7 +111,8 @@ def job_environments(num_proc, num_servers, timeout, port_list, base_env):
     workers = [f"{HOST}:{p}" for p in port_list[:num_proc]]
     servers = [f"{HOST}:{p}" for p in port_list[num_proc:]]
     common = dict(base_env)
-    for stale in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE"):
+    for stale in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE", profile_request.PROFILE_DIR_ENV,
+                  profile_request.PROFILE_STEPS_ENV):
         common.pop(stale, None)
     common.update({
         cluster_lib.ENV_WORLD_SIZE: str(num_proc),
@@ -131,6 +153,10 @@ def main(argv=None):
     group = processes.ProcessGroup(output_filter=OutputFilter(enabled=not args.verbose))
     group.forward_signals()
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
+    if args.profile:
+        for _, env in envs:
+            env[profile_request.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
+            env[profile_request.PROFILE_STEPS_ENV] = args.profile_steps
     if args.horovod:
         try:
             _, horovod_envs = gloo_rendezvous_server.start(args.num_proc, HOST)
@@ -146,8 +172,17 @@ def main(argv=None):
         print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
         group.terminate_all()
         return 127
-    return group.wait(workers=[str(r) for r in range(args.num_proc)],
+    code = group.wait(workers=[str(r) for r in range(args.num_proc)],
                       keep_going=args.keep_going)
+    if args.profile and code == 0:
+        code = merge_timeline(args.profile, args.profile_steps)
+    return code
+
+
+def merge_timeline(log_dir, steps):
+    """Merge the ranks' profiles (`tfdist.launch.timeline`, in a child: it loads TensorFlow)."""
+    return subprocess.call([sys.executable, "-m", "tfdist.launch.timeline", log_dir,
+                            "--steps", steps])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 * Metric state and layer statistics are made global after every step
   (`local_state.LocalStateSync`), so logs are global and identical on all ranks.
 * `predict` outputs are gathered in rank order, so every rank gets all rows.
+* Communication runs under `tfdist/...` name scopes and, when a
+  `CommunicationMonitor` or a Keras `TensorBoard` callback asks for it,
+  is timed and counted inside the training step (`communication_counters`).
 * One process (and no dedicated parameter server) runs Keras' own step with
   the `SingleProcessCommunicator` and `SingleProcessAggregator` (identities):
   the same code, nothing added to the step.
@@ -26,6 +29,7 @@ Subclasses only choose the aggregation hook (`make_aggregator`).
 
 import contextlib
 import threading
+import time
 
 import tensorflow as tf
 from absl import logging
@@ -34,6 +38,7 @@ from tfdist import _tf
 from tfdist import runtime
 from tfdist.aggregation.base import GRADIENTS, STATE
 from tfdist.aggregation.compression import NoCompression, get_compression
+from tfdist.aggregation.counters import CommunicationCounters
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_patches
@@ -72,6 +77,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._aggregator = SingleProcessAggregator()
         else:
             self._aggregator = runtime.close_at_exit(make_aggregator(self._communicator))
+        self.communication_counters = CommunicationCounters(
+            self._cluster.rank, self._cluster.world_size, self._aggregator.num_servers)
+        if self._aggregator.communicates:
+            self._aggregator.counters = self.communication_counters
         self._local_state = LocalStateSync(self, self._all_reduce_sum)
         self._any_rank_function = None
         # Asynchronous parameter server only: the servers apply the updates (`async_client`).
@@ -209,12 +218,18 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _gather_slices(self, slices, step, weight):
         """Every rank's weighted (index, value) pairs, in rank order."""
         rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
-        values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))
-        return tf.IndexedSlices(
-            self._communicator.all_gather(values[:rows]),
-            self._communicator.all_gather(slices.indices[:rows]),
-            slices.dense_shape,
-        )
+        values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))[:rows]
+        indices = slices.indices[:rows]
+        mine = (tf.size(values, tf.int64) * values.dtype.size
+                + tf.size(indices, tf.int64) * indices.dtype.size)
+        world_size = self._cluster.world_size
+        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
+            gathered = self.communication_counters.timed(
+                [values, indices],
+                lambda: (self._communicator.all_gather(values),
+                         self._communicator.all_gather(indices)),
+                payload_bytes=mine, sent_bytes=mine * (world_size - 1))
+        return tf.IndexedSlices(gathered[0], gathered[1], slices.dense_shape)
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -291,9 +306,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             # TensorFlow parks two threads per call; the call is bounded by the watchdog.
             self._any_rank_function = tf.function(
                 lambda value: self._all_reduce_sum([value])[0])
+        start = time.perf_counter()
         with self._communicator.expect_progress("stop-flag exchange"):
             total = self._any_rank_function(tf.constant([1.0 if flag else 0.0]))
-        return bool(total.numpy()[0] > 0)
+            stop = bool(total.numpy()[0] > 0)
+        self.communication_counters.add_host_seconds(time.perf_counter() - start)
+        return stop
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         """`dataset_fn(input_context)`: the user's own per-process pipeline, iterated directly."""
@@ -308,12 +326,19 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             # One process, or a merge_call inside a step (LossScaleOptimizer's
             # apply) returning to the replica: part of the step being traced.
             return super()._call_for_each_replica(fn, args, kwargs)
-        if self.remote_updates is not None:
-            if keras_patches.is_train_step(fn):
-                return self._remote_train_step(fn, args, kwargs)
-            # Asynchronous evaluate/predict: every rank runs every global batch on the
-            # servers' parameters, alone (no collective a dead worker could block).
-            return super()._call_for_each_replica(fn, args, kwargs)
+        training = keras_patches.is_train_step(fn)
+        with (self.communication_counters.recording() if training
+              else contextlib.nullcontext()):
+            if self.remote_updates is not None:
+                if training:
+                    return self._remote_train_step(fn, args, kwargs)
+                # Asynchronous evaluate/predict: every rank runs every global batch on the
+                # servers' parameters, alone (no collective a dead worker could block).
+                return super()._call_for_each_replica(fn, args, kwargs)
+            return self._synchronous_step(fn, args, kwargs)
+
+    def _synchronous_step(self, fn, args, kwargs):
+        """A step of every rank together: slices weighted by share, state made global."""
         step = self._begin_replica_step(args)
         with replica_step.active(step):
             args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
@@ -339,7 +364,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         keras_patches.check_asynchronous_optimizer(model.optimizer)
         parameter_set = self.remote_updates.parameter_set(model.optimizer,
                                                           model.trainable_variables)
-        pulls = self.remote_updates.begin_step(*parameter_set)
+        counters = self.communication_counters
+        counters.count_step()
+        pull_bytes = sum(_num_bytes(v) for v in parameter_set[1])
+        with tf.name_scope("tfdist/ps_async/pull/"):
+            pulls = counters.timed([], lambda: self.remote_updates.begin_step(*parameter_set),
+                                   payload_bytes=pull_bytes, sent_bytes=0)
         local_rows = batch_rows(args)
         step = replica_step.ReplicaStep(
             local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size)
@@ -371,23 +401,38 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             weight = (tf.cast(step.has_rows, gradient.dtype) if weighted_in_loss
                       else step.weight(gradient.dtype))
             grads.append(tf.math.multiply_no_nan(gradient, weight))
-        pushed = self.remote_updates.push(set_id, set_variables, servers, grads,
-                                          optimizer.learning_rate)
+        counters = self.communication_counters
+        by_server = [0] * counters.num_servers
+        for variable, server in zip(set_variables, servers):
+            by_server[server] += _num_bytes(variable)
+        counters.count_server_bytes(by_server)
+        with tf.name_scope("tfdist/ps_async/push/"):
+            pushed = counters.timed(grads, lambda: self.remote_updates.push(
+                set_id, set_variables, servers, grads, optimizer.learning_rate),
+                payload_bytes=sum(by_server), sent_bytes=sum(by_server))
         with tf.control_dependencies(pushed):
             return optimizer.iterations.assign_add(1)
 
     def _begin_replica_step(self, args):
-        """This step's `ReplicaStep`: its rows and the global batch's (one scalar all-reduce)."""
+        """This step's `ReplicaStep`: its rows and the global batch's (one small all-reduce).
+
+        The all-reduce also carries every rank's communication time of the
+        previous step (`CommunicationCounters.exchange_vector`; zeros unless counted).
+        """
         local_rows = batch_rows(args)
+        counters = self.communication_counters
         # Through the aggregator: the step's only transport is the strategy's own algorithm.
-        global_rows = self._all_reduce_sum([tf.cast(tf.reshape(local_rows, [1]), tf.float32)])[0][0]
-        return replica_step.ReplicaStep(local_rows, global_rows)
+        rows, seconds = self._all_reduce_sum(
+            [tf.cast(tf.reshape(local_rows, [1]), tf.float32), counters.exchange_vector()])
+        counters.absorb_exchange(seconds)
+        return replica_step.ReplicaStep(local_rows, rows[0])
 
     def _globalize_outputs(self, fn, outputs, step):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
         if keras_patches.is_predict_step(fn):
-            return tf.nest.map_structure(
-                lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
+            with tf.name_scope("tfdist/all_gather/predictions/"):
+                return tf.nest.map_structure(
+                    lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
         model = keras_patches.model_of_step(fn)
         if model is not None and isinstance(outputs, dict):
             return keras_patches.global_step_logs(model, outputs, self._share_weighted_sum, step)
@@ -399,6 +444,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         """sum over ranks of share * value, for per-slice float values (one all-reduce)."""
         weighted = [tf.math.multiply_no_nan(v, step.weight(v.dtype)) for v in values]
         return self._all_reduce_sum(weighted)
+
+
+def _num_bytes(variable):
+    return variable.shape.num_elements() * tf.as_dtype(variable.dtype).size
 
 
 def _shard_files(dataset, context):

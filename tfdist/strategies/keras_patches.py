@@ -30,6 +30,11 @@ to their script:
   the cross-process collectives inside the step);
 * every call of the compiled train/test/predict step is bounded by the job
   timeout (`_StepTimeout`): its collectives carry no op-level timeout;
+* next to a `TensorBoard` callback, tfdist's communication scalars are
+  written into its run (`profiling.TensorBoardScalars`), and in a
+  multi-process job its `profile_batch` profiles every rank, each into its
+  own run `rank_<k>` (`profiling.RankProfiler`), as does
+  `tfdist-run --profile`;
 * the data adapter of the latest epoch iterator is remembered, so that
   callbacks can read the global batch size `fit` received
   (`latest_data_batch_size`).
@@ -61,6 +66,7 @@ from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 from tfdist import __version__ as tfdist_version
 from tfdist import _tf
+from tfdist.strategies import profiling
 from tfdist.strategies import replica_step
 from tfdist.strategies.checkpoint_files import save_backup, save_model_atomically
 
@@ -158,6 +164,15 @@ def _keras_changes():
             and "class_weight" not in _keywords_passed(trainer.predict)),
         "Trainer._distribute_strategy": lambda: (
             "_distribute_strategy" in _names_used(trainer.__init__)),
+        "Trainer.make_train_function(force), train_function": lambda: (
+            "force" in _parameters(trainer.make_train_function)
+            and "train_function" in _names_used(trainer.__init__)),
+        "TensorBoard log_dir, update_freq, _train_writer, profile range (_should_trace, "
+        "_start_batch, _stop_batch)": lambda: (
+            {"log_dir", "update_freq"} <= _names_used(keras.callbacks.TensorBoard.__init__)
+            and isinstance(vars(keras.callbacks.TensorBoard)["_train_writer"], property)
+            and {"_should_trace", "_start_batch", "_stop_batch"}
+            <= _names_used(keras.callbacks.TensorBoard._init_profile_batch)),
     }
     return [what for what, present in expectations.items() if not _holds(present)]
 
@@ -312,6 +327,33 @@ def _with_server_parameters(model, callbacks):
     if strategy is None or strategy.extended.remote_updates is None:
         return callbacks
     return list(callbacks or []) + [_ServerParameters(strategy)]
+
+
+def _with_communication_profiling(model, callbacks):
+    """`TensorBoard` callbacks get tfdist's scalars, and their profiles come from every rank.
+
+    Added on every rank, before non-chief ranks drop their `TensorBoard`
+    (they still time their steps and profile; only the chief writes scalars).
+    """
+    strategy = tfdist_strategy(model)
+    if strategy is None or not strategy.extended.aggregator.communicates:
+        return callbacks  # one process: Keras' own TensorBoard, untouched
+    callbacks = keras.tree.flatten(callbacks) if callbacks else []
+    added = []
+    # pylint: disable=protected-access
+    for board in [c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)]:
+        added.append(profiling.TensorBoardScalars(
+            strategy, lambda board=board: board._train_writer, board.update_freq))
+        if board._should_trace:  # profile_batch: each rank profiles into its own run instead
+            board._tfdist_profile_batches = (board._start_batch, board._stop_batch)
+            board._should_trace = False
+        batches = getattr(board, "_tfdist_profile_batches", None)
+        if batches is not None:
+            added.append(profiling.RankProfiler(board.log_dir, *batches, strategy.rank))
+    requested = profiling.profiler_from_environment(strategy.rank)
+    if requested is not None:
+        added.append(requested)
+    return callbacks + added
 
 
 def _with_step_timeout(model, callbacks):
@@ -728,6 +770,7 @@ def install():
             _keep_collectives_out_of_xla(model)
             callbacks = _with_step_timeout(model, callbacks)
             callbacks = _with_server_parameters(model, callbacks)
+            callbacks = _with_communication_profiling(model, callbacks)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks)
             add_progbar = False

@@ -78,10 +78,10 @@ class AsyncParameterServerClient:
                 return tf.Variable(tf.zeros([], dtype), trainable=False, name=name)
 
             self.pushes = counter("tfdist_pushes")  # this worker's pushes (its clock)
-            # Since the last `reset_statistics`: updates pushed, their staleness, gate time.
+            # Since the start (read as differences, `statistics`): updates pushed,
+            # their total staleness and histogram, time at the gate.
             self.updates = counter("tfdist_updates")
             self.staleness_sum = counter("tfdist_staleness_sum")
-            self.staleness_max = counter("tfdist_staleness_max")
             self.wait_seconds = counter("tfdist_ps_wait", tf.float64)
             self.staleness_counts = tf.Variable(tf.zeros([HISTOGRAM_BINS], tf.int64),
                                                 trainable=False, name="tfdist_staleness_counts")
@@ -213,30 +213,40 @@ class AsyncParameterServerClient:
         with tf.control_dependencies(sends):
             return [self.pushes.assign_add(1), self.updates.assign_add(1),
                     self.staleness_sum.assign_add(staleness),
-                    self.staleness_max.assign(tf.maximum(self.staleness_max, staleness)),
                     self.staleness_counts.scatter_nd_add(
                         [[tf.minimum(staleness, HISTOGRAM_BINS - 1)]],
                         tf.constant([1], tf.int64))]
 
-    def statistics(self):
+    def snapshot(self):
+        """The statistics counters now (eager): pass to `statistics(since=...)`."""
+        return {"updates": int(self.updates.numpy()),
+                "staleness_sum": int(self.staleness_sum.numpy()),
+                "wait_seconds": float(self.wait_seconds.numpy()),
+                "staleness_counts": self.staleness_counts.numpy().tolist()}
+
+    def statistics(self, since=None):
         """{"updates", "staleness_mean", "staleness_max", "ps_wait_ms", "staleness_counts"}.
 
-        Since the last reset. `ps_wait_ms` is the mean time per update this
-        worker was blocked at the gate, in milliseconds; `staleness_counts[s]`
-        the number of its updates with staleness s (the last bin: s or more).
+        Of this worker's updates since the snapshot `since` (None: since the
+        start). `ps_wait_ms` is the mean time per update this worker was
+        blocked at the gate, in milliseconds; `staleness_counts[s]` the
+        number of its updates with staleness s (the last bin: s or more, so
+        `staleness_max` reads HISTOGRAM_BINS - 1 for anything beyond).
         """
-        updates = int(self.updates.numpy())
+        now = self.snapshot()
+        if since is not None:
+            now = {"updates": now["updates"] - since["updates"],
+                   "staleness_sum": now["staleness_sum"] - since["staleness_sum"],
+                   "wait_seconds": now["wait_seconds"] - since["wait_seconds"],
+                   "staleness_counts": [a - b for a, b in zip(now["staleness_counts"],
+                                                              since["staleness_counts"])]}
+        updates, counts = now["updates"], now["staleness_counts"]
+        seen = [s for s, count in enumerate(counts) if count > 0]
         return {"updates": updates,
-                "staleness_mean": float(self.staleness_sum.numpy()) / max(updates, 1),
-                "staleness_max": int(self.staleness_max.numpy()),
-                "ps_wait_ms": 1000.0 * float(self.wait_seconds.numpy()) / max(updates, 1),
-                "staleness_counts": [int(c) for c in self.staleness_counts.numpy()]}
-
-    def reset_statistics(self):
-        for variable in (self.updates, self.staleness_sum, self.staleness_max):
-            variable.assign(0)
-        self.wait_seconds.assign(0.0)
-        self.staleness_counts.assign(tf.zeros_like(self.staleness_counts))
+                "staleness_mean": now["staleness_sum"] / max(updates, 1),
+                "staleness_max": seen[-1] if seen else 0,
+                "ps_wait_ms": 1000.0 * now["wait_seconds"] / max(updates, 1),
+                "staleness_counts": counts}
 
 
 def _pieces(values):

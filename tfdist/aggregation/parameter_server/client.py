@@ -175,6 +175,14 @@ class ParameterServerAggregator(Aggregator):
                               for offset, flat in enumerate(plan.pack(on_wire))])
         return [tf.cast(s, t.dtype) if s.dtype != t.dtype else s for s, t in zip(summed, tensors)]
 
+    @property
+    def num_servers(self):
+        return len(self.clients)
+
+    def sent_bytes(self, n_bytes):
+        """n: every piece is pushed once (the sums come back in the pulls)."""
+        return n_bytes
+
     @classmethod
     def predict_seconds(cls, n_bytes, world_size, alpha, beta, num_servers=1,
                         piece_bytes=DEFAULT_PIECE_BYTES):
@@ -190,6 +198,8 @@ class ParameterServerAggregator(Aggregator):
         plan = ShardPlan(flat.shape.num_elements(), flat.dtype.size, len(self.clients),
                          self.piece_bytes, first_server=first_server)
         self._log_plan(plan, flat)
+        if self.counters is not None:
+            self.counters.count_server_bytes(plan.bytes_per_server())
         first_slot = self._reserve_slots(len(plan.sizes))
         pieces = split_flat(flat, plan.sizes)
         sums = []

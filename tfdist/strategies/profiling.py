@@ -1,0 +1,205 @@
+"""Communication measurements for Keras: the report behind the `tfdist/` scalars, and per-rank profiles.
+
+`CommunicationReport` turns a strategy's in-graph counters
+(`tfdist.aggregation.counters`) into numbers per training step over an
+interval: it enables the counters (the training step is traced again once,
+with the timing ops in it) and reads them only when asked, so the steps
+between two reports add no host sync. `tfdist.callbacks.CommunicationMonitor`
+puts the numbers in the logs; `TensorBoardScalars`, which tfdist adds next
+to every `keras.callbacks.TensorBoard` (`keras_patches`), writes them into
+that callback's run directory as `tfdist/...` scalars at its `update_freq`.
+
+`RankProfiler` captures TensorFlow's profiler (the trace viewer's ops,
+tfdist's communication named `tfdist/<algorithm>/...`) on one rank for a
+range of training batches, into `<log_dir>/rank_<k>` - a TensorBoard run of
+its own per rank, shown in the profile tab. It serves a `TensorBoard`
+callback's `profile_batch` on every rank of a multi-process job and
+`tfdist-run --profile DIR --profile-steps A:B`.
+"""
+
+import os
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tfdist.aggregation.counters import measurements
+from tfdist.profile_request import (DEFAULT_PROFILE_STEPS, PROFILE_DIR_ENV, PROFILE_STEPS_ENV,
+                                    parse_profile_steps)
+
+class CommunicationReport:
+    """Communication per training step since the previous `take()` (see the module docstring).
+
+    Args:
+        strategy: the model's tfdist strategy.
+    """
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.counters = strategy.extended.communication_counters
+        self._start = None
+
+    @property
+    def world_size(self):
+        return self.strategy.world_size
+
+    def start(self, model):
+        """Enable the counters (tracing `model`'s train step again if it was traced without)."""
+        if not self.counters.enabled:
+            self.counters.enabled = True
+            if model.train_function is not None:
+                model.make_train_function(force=True)
+        self._start = self._read()
+
+    def take(self):
+        """{name: value} per training step since the last `start`/`take`; {} if no step ran."""
+        now = self._read()
+        before, self._start = self._start, now
+        if before is None:
+            return {}
+        counters_before, remote_before, clock_before = before
+        counters_now, remote_now, clock_now = now
+        result = measurements(counters_before, counters_now, self.world_size,
+                              clock_now - clock_before)
+        for key in [k for k in result if k.startswith("server_")]:
+            result[f"ps/{key}"] = result.pop(key)
+        remote = self.strategy.extended.remote_updates
+        if remote is not None and result:
+            statistics = remote.statistics(since=remote_before)
+            result.update({"ps/staleness_mean": statistics["staleness_mean"],
+                           "ps/staleness_max": statistics["staleness_max"],
+                           "ps/wait_ms": statistics["ps_wait_ms"]})
+        return result
+
+    def _read(self):
+        remote = self.strategy.extended.remote_updates
+        return (self.counters.snapshot(), remote.snapshot() if remote is not None else None,
+                time.perf_counter())
+
+    def describe(self):
+        """One line: algorithm, engine, processes and servers (for a text summary)."""
+        extended = self.strategy.extended
+        cluster = self.strategy.cluster
+        line = (f"{type(self.strategy).__name__}: aggregator {extended.aggregator.name} "
+                f"on {extended.communicator.engine}, {cluster.world_size} processes")
+        if extended.aggregator.num_servers:
+            line += f", {extended.aggregator.num_servers} parameter servers"
+        return line + f", launched by {cluster.launcher}"
+
+
+class TensorBoardScalars(keras.callbacks.Callback):
+    """Writes the `CommunicationReport` into a `TensorBoard` callback's run as `tfdist/...` scalars.
+
+    Added by tfdist next to the user's `TensorBoard` on every rank (every
+    rank must time its steps for the slowest-peer numbers); only the chief
+    writes, into the same `train` run and at the same `update_freq` as
+    Keras' own scalars: per batch N (step = the batch number) or per epoch
+    (step = the epoch). Also writes one text summary, `tfdist/configuration`.
+
+    Args:
+        strategy: the model's tfdist strategy.
+        writer: a callable returning the `tf.summary` writer of the run.
+        update_freq: the TensorBoard callback's `update_freq` ("epoch" or
+            an integer number of batches).
+    """
+
+    def __init__(self, strategy, writer, update_freq):
+        super().__init__()
+        self._report = CommunicationReport(strategy)
+        self._writes = strategy.is_chief
+        self._writer = writer
+        self._update_freq = update_freq
+        self._batch = 0
+
+    def on_train_begin(self, logs=None):
+        self._report.start(self.model)
+        self._batch = 0
+        if self._writes:
+            with self._writer().as_default(), tf.summary.record_if(True):
+                tf.summary.text("tfdist/configuration", self._report.describe(), step=0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._update_freq != "epoch" and self._batch % int(self._update_freq) == 0:
+            self._write(self._batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._update_freq == "epoch":
+            self._write(epoch)
+
+    def _write(self, step):
+        values = self._report.take()
+        if not self._writes or not values:
+            return
+        writer = self._writer()
+        # Keras' own record_if (batch-level update_freq) must not drop these.
+        with writer.as_default(), tf.summary.record_if(True):
+            for name, value in values.items():
+                tf.summary.scalar(f"tfdist/{name}", value, step=step)
+        writer.flush()
+
+
+class RankProfiler(keras.callbacks.Callback):
+    """Profile training batches `first`..`last` (counted from 1 in each `fit`) into `<log_dir>/rank_<k>`.
+
+    The same batches as `keras.callbacks.TensorBoard(profile_batch=(first,
+    last))` would profile; each batch is marked as a training step for the
+    profile tools. A profiler that cannot start (another one is running)
+    is reported and training goes on.
+
+    Args:
+        log_dir: the directory holding one run per rank.
+        first, last: the batch range, inclusive.
+        rank: this process's rank.
+    """
+
+    def __init__(self, log_dir, first, last, rank):
+        super().__init__()
+        self.log_dir = os.path.join(str(log_dir), f"rank_{rank}")
+        self.first, self.last = int(first), int(last)
+        self._batch = 0
+        self._profiling = False
+        self._step_trace = None
+
+    def on_train_begin(self, logs=None):
+        self._batch = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch += 1
+        if self._batch == self.first and not self._profiling:
+            try:
+                tf.profiler.experimental.start(self.log_dir)
+                self._profiling = True
+            except Exception as error:  # pylint: disable=broad-except
+                logging.error("tfdist: the profiler did not start for %s: %s", self.log_dir, error)
+        if self._profiling:
+            self._step_trace = tf.profiler.experimental.Trace(
+                "TraceContext", graph_type="train", step_num=self._batch)
+            self._step_trace.__enter__()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._step_trace is not None:
+            self._step_trace.__exit__(None, None, None)
+            self._step_trace = None
+        if self._profiling and self._batch >= self.last:
+            self._stop()
+
+    def on_train_end(self, logs=None):
+        self._stop()
+
+    def _stop(self):
+        if self._profiling:
+            self._profiling = False
+            tf.profiler.experimental.stop()
+
+
+def profiler_from_environment(rank):
+    """The `RankProfiler` that `tfdist-run --profile` asked for (environment), or None."""
+    log_dir = os.environ.get(PROFILE_DIR_ENV)
+    if not log_dir:
+        return None
+    first, last = parse_profile_steps(os.environ.get(PROFILE_STEPS_ENV, DEFAULT_PROFILE_STEPS))
+    return RankProfiler(log_dir, first, last, rank)
