@@ -13,7 +13,7 @@ STRESS_ARGS ?=
 $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[cpu,test,examples]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[cpu,profile,test,examples]"
 	scripts/install_horovod.sh $(BIN)/python   # built once per machine (cmake, g++), then cached
 	touch $(STAMP)
 

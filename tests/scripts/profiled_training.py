@@ -1,0 +1,85 @@
+"""Worker script: a keras.io-style text classifier trained with an unchanged Keras TensorBoard callback.
+
+  python profiled_training.py OUT LOG_DIR [--strategy ring|tree|ps|async]
+      [--backend collective|horovod] [--update-freq N] [--profile-batch A:B]
+
+Bag-of-embeddings text classification (as in keras.io's "text classification
+from scratch", on synthetic token sequences): an Embedding (sparse
+gradients), pooling and two Dense layers, Adam. The callbacks are the ones a
+user writes - `keras.callbacks.TensorBoard(LOG_DIR, update_freq=N,
+profile_batch=(A, B))` and `tfdist.callbacks.CommunicationMonitor()` - and
+nothing else. Each rank writes OUT.rank<R>.json: its history and final weights.
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tfdist  # noqa: E402
+
+VOCABULARY, LENGTH, ROWS, BATCH, EPOCHS = 500, 20, 384, 32, 2
+
+
+def make_strategy(name, backend):
+    if name == "ring":
+        return tfdist.strategies.RingAllReduceStrategy(backend=backend)
+    if name == "tree":
+        return tfdist.strategies.ReductionTreeStrategy()
+    if name == "ps":
+        return tfdist.strategies.ParameterServerStrategy()
+    return tfdist.strategies.ParameterServerStrategy(mode="async", staleness=2)
+
+
+def synthetic_reviews(seed=0):
+    """Token sequences whose label is whether 'positive' tokens outnumber 'negative' ones."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, VOCABULARY, size=(ROWS, LENGTH)).astype("int32")
+    labels = ((tokens < VOCABULARY // 2).sum(axis=1) > LENGTH // 2).astype("int32")
+    return tokens, labels
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("log_dir")
+    parser.add_argument("--strategy", default="ring", choices=["ring", "tree", "ps", "async"])
+    parser.add_argument("--backend", default="collective")
+    parser.add_argument("--update-freq", type=int, default=4)
+    parser.add_argument("--profile-batch", default="3:5")
+    args = parser.parse_args()
+
+    keras.utils.set_random_seed(1)
+    strategy = make_strategy(args.strategy, args.backend)
+    x, y = synthetic_reviews()
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((LENGTH,), dtype="int32"),
+            keras.layers.Embedding(VOCABULARY, 16),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ])
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="binary_crossentropy",
+                      metrics=["accuracy"])
+    first, _, last = args.profile_batch.partition(":")
+    profile_batch = (int(first), int(last)) if int(first) else 0
+    history = model.fit(
+        x, y, batch_size=BATCH, epochs=EPOCHS, validation_split=0.25, verbose=0,
+        callbacks=[keras.callbacks.TensorBoard(args.log_dir, update_freq=args.update_freq,
+                                               profile_batch=profile_batch),
+                   tfdist.callbacks.CommunicationMonitor()])
+    result = {"rank": strategy.rank, "world_size": strategy.world_size,
+              "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+              "weights": [w.tolist() for w in model.get_weights()],
+              "gradient_bytes": sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)}
+    with open(f"{args.out}.rank{strategy.rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Profiling: tfdist/ scalars in an unchanged Keras TensorBoard run, every rank's profile, the
+merged timeline, and the scalars seen in a real browser.
+
+The worker script (tests/scripts/profiled_training.py) is a keras.io-style
+text classifier whose only profiling code is `keras.callbacks.TensorBoard(
+log_dir, update_freq=4, profile_batch=(3, 5))` and `CommunicationMonitor()`.
+Set TFDIST_SCREENSHOT_TO=path to keep the browser test's screenshot (the README's).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from helpers import failure_report, horovodrun, script, tfdist_run
+from tfdist.aggregation.counters import CounterSnapshot, measurements
+from tfdist.comm.ports import pick_ports
+from tfdist.launch import timeline
+from tfdist.profile_request import parse_profile_steps
+
+TOLERANCE = 1e-4
+UPDATE_FREQ = 4
+BATCHES = 18  # 2 epochs of 288 training rows in global batches of 32
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+COMMON_TAGS = {"comm_ms", "step_ms", "comm_share", "sent_mb", "algbw_gbps", "busbw_gbps",
+               "wait_ms", "slowest_rank"}
+
+
+def run_job(directory, strategy, np_=2, launcher=None, profile_batch="3:5", launch=tfdist_run):
+    out, log_dir = str(directory / "out"), str(directory / "logs")
+    args = [script("profiled_training.py"), out, log_dir, "--strategy", strategy,
+            "--update-freq", str(UPDATE_FREQ), "--profile-batch", profile_batch]
+    if launch is tfdist_run:
+        done = tfdist_run(np_, args, timeout=600, run_timeout=120, launcher=launcher)
+    else:
+        done = launch(np_, args + ["--backend", "horovod"], timeout=600, run_timeout=120)
+    assert done.returncode == 0, failure_report(done)
+    ranks = []
+    for rank in range(np_):
+        with open(f"{out}.rank{rank}.json") as f:
+            ranks.append(json.load(f))
+    return ranks, log_dir, done
+
+
+def scalars(run_dir):
+    """{tag: [(step, value)]} of the tfdist/ scalars in one TensorBoard run directory."""
+    accumulator = EventAccumulator(run_dir, size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, float(np.asarray(_value(e)))) for e in accumulator.Tensors(tag)]
+            for tag in accumulator.Tags()["tensors"] if tag.startswith("tfdist/")
+            and tag != "tfdist/configuration"}
+
+
+def _value(event):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf.make_ndarray(event.tensor_proto)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return run_job(tmp_path_factory.mktemp("np1"), "ring", np_=1)[0][0]
+
+
+@pytest.fixture(scope="module")
+def ring_job(tmp_path_factory):
+    return run_job(tmp_path_factory.mktemp("ring"), "ring")
+
+
+def check_equivalent(ranks, one_process):
+    for result in ranks:
+        for key in ("loss", "val_loss"):
+            assert np.allclose(result["history"][key], one_process["history"][key],
+                               atol=TOLERANCE), (key, result["history"][key])
+        for mine, single in zip(result["weights"], one_process["weights"]):
+            assert np.max(np.abs(np.array(mine) - np.array(single))) <= TOLERANCE
+
+
+def check_scalars(log_dir, expected_tags, ranks):
+    written = scalars(os.path.join(log_dir, "train"))
+    assert {f"tfdist/{t}" for t in expected_tags} <= set(written), sorted(written)
+    for tag, points in written.items():
+        assert [step for step, _ in points] == list(range(UPDATE_FREQ, BATCHES + 1, UPDATE_FREQ)), tag
+    assert all(value > 0 for _, value in written["tfdist/comm_ms"])
+    sent = [value for _, value in written["tfdist/sent_mb"]]
+    assert max(sent) == pytest.approx(min(sent), rel=1e-6), sent  # every step sends the same
+    # Two processes: every algorithm sends at least each dense gradient byte once.
+    assert min(sent) * 1e6 >= ranks[0]["gradient_bytes"] - 500 * 16 * 4  # minus the Embedding
+    assert all(value in (0, 1) for _, value in written["tfdist/slowest_rank"])
+    # Only the chief writes the run; every rank's History has the monitor's numbers.
+    assert len(os.listdir(os.path.join(log_dir, "train"))) == 1
+    for result in ranks:
+        assert {t.replace("/", "_") for t in expected_tags} <= set(result["history"])
+
+
+def check_profiles(log_dir, algorithm, np_=2):
+    assert sorted(timeline.newest_profiles(log_dir)) == list(range(np_))
+    overlap = timeline.write(log_dir)
+    for rank, numbers in overlap["ranks"].items():
+        phases = numbers["phases_ms"]
+        assert any(p.startswith(f"tfdist/{algorithm}/gradients_") for p in phases), (rank, phases)
+        assert [s["step"] for s in numbers["steps"]] == [3, 4, 5]
+        assert numbers["total"]["comm_ms"] > 0
+    with open(os.path.join(log_dir, timeline.TIMELINE_FILE)) as f:
+        events = json.load(f)["traceEvents"]
+    assert {e["pid"] for e in events} == set(range(np_))
+
+
+def test_ring_writes_tfdist_scalars_into_the_tensorboard_run_and_profiles_every_rank(
+        ring_job, one_process):
+    ranks, log_dir, _ = ring_job
+    check_equivalent(ranks, one_process)
+    check_scalars(log_dir, COMMON_TAGS, ranks)
+    check_profiles(log_dir, "ring")
+
+
+def test_parameter_server_reports_its_load_per_server(tmp_path, one_process):
+    ranks, log_dir, _ = run_job(tmp_path, "ps", launcher=["--num-servers", "2"])
+    check_equivalent(ranks, one_process)
+    check_scalars(log_dir, COMMON_TAGS | {"ps/server_0_mb", "ps/server_1_mb"}, ranks)
+    check_profiles(log_dir, "ps")
+
+
+def test_tree_profiled_by_tfdist_run_gets_a_merged_timeline(tmp_path, one_process):
+    profile_dir = str(tmp_path / "profile")
+    ranks, log_dir, done = run_job(
+        tmp_path, "tree", profile_batch="0",
+        launcher=["--profile", profile_dir, "--profile-steps", "3:5"])
+    check_equivalent(ranks, one_process)
+    check_scalars(log_dir, COMMON_TAGS, ranks)
+    assert not os.path.exists(os.path.join(log_dir, "rank_0"))  # profile_batch=0: none there
+    for name in (timeline.TIMELINE_FILE, timeline.OVERLAP_FILE, timeline.FIGURE_FILE):
+        assert os.path.exists(os.path.join(profile_dir, name)), done.stdout[-2000:]
+    assert "% hidden" in done.stdout
+    check_profiles(profile_dir, "tree")
+
+
+def test_asynchronous_parameter_server_reports_staleness(tmp_path):
+    ranks, log_dir, _ = run_job(tmp_path, "async", launcher=["--num-servers", "1"],
+                                profile_batch="0")
+    written = scalars(os.path.join(log_dir, "train"))
+    for tag in ("comm_ms", "sent_mb", "ps/server_0_mb", "ps/staleness_mean",
+                "ps/staleness_max", "ps/wait_ms"):
+        assert f"tfdist/{tag}" in written, sorted(written)
+    assert max(v for _, v in written["tfdist/ps/staleness_max"]) <= 2  # staleness=2 (SSP)
+
+
+@pytest.mark.horovod
+def test_horovod_ring_writes_tfdist_scalars(tmp_path, one_process):
+    ranks, log_dir, _ = run_job(tmp_path, "ring", launch=horovodrun, profile_batch="0")
+    check_equivalent(ranks, one_process)
+    check_scalars(log_dir, COMMON_TAGS, ranks)
+
+
+def test_bad_profile_steps_are_refused_by_the_launcher():
+    done = subprocess.run([sys.executable, "-m", "tfdist.launch", "-np", "2", "--profile", "x",
+                           "--profile-steps", "5:2", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--profile-steps" in done.stderr and "'5:2'" in done.stderr
+
+
+# ------------------------------------------------------------- browser
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("TFDIST_REQUIRE_BROWSER"):
+            pytest.fail("TFDIST_REQUIRE_BROWSER is set but chromium is not installed")
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    return found
+
+
+def test_tfdist_scalars_show_in_tensorboard_in_a_real_browser(ring_job, tmp_path):
+    chromium = _chromium()
+    _, log_dir, _ = ring_job
+    port = pick_ports(1)[0]
+    board = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "tensorboard"), "--logdir", log_dir,
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/data/plugins_listing", timeout=5) as reply:
+                    plugins = json.load(reply)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and board.poll() is None, "tensorboard did not start"
+                time.sleep(1)
+        assert plugins["profile"]["enabled"], "the profile plugin does not see the rank_<k> runs"
+        page = f"{base}/?tagFilter=tfdist&forceSVG=true#timeseries"
+        browser = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}",
+                   "--virtual-time-budget=20000", "--window-size=1400,1000"]
+        dom = subprocess.run(browser + ["--dump-dom", page], capture_output=True, text=True,
+                             timeout=120).stdout
+        # The filter highlights "tfdist" inside each card title: look for the rest of the tag.
+        for tag in ("comm_ms", "sent_mb", "busbw_gbps", "slowest_rank"):
+            assert tag in dom, f"{tag} is not on the Time Series dashboard"
+        assert "8 cards" in dom
+        shot = tmp_path / "tensorboard.png"
+        subprocess.run(browser + [f"--screenshot={shot}", page], capture_output=True,
+                       timeout=120, check=True)
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("TFDIST_SCREENSHOT_TO"):
+            shutil.copy(shot, os.environ["TFDIST_SCREENSHOT_TO"])
+    finally:
+        board.terminate()
+        board.wait(timeout=30)
+
+
+# ------------------------------------------------- units (no processes)
+def test_timeline_interval_arithmetic():
+    busy = timeline.union([(5, 7, "a"), (0, 2), (1, 3), (6, 9)])
+    assert busy == [(0, 3), (5, 9)]
+    assert timeline.length(busy) == 7
+    assert timeline.intersect(busy, [(2, 6)]) == [(2, 3), (5, 6)]
+    assert timeline.clip(busy, 1, 6) == [(1, 3), (5, 6)]
+    step = timeline.step_breakdown((0, 10, 7), [(0, 4)], [(3, 6)])
+    assert step == {"step": 7, "step_ms": 1e-5, "compute_ms": 4e-6, "comm_ms": 3e-6,
+                    "hidden_ms": 1e-6, "exposed_ms": 2e-6}
+
+
+def test_measurements_between_snapshots():
+    def snapshot(steps, seconds, sent, wait, slowest, compared):
+        return CounterSnapshot(steps=steps, calls=3 * steps, seconds=seconds,
+                               payload_bytes=1e6 * steps, sent_bytes=sent, compared_steps=compared,
+                               wait_seconds=wait, slowest_counts=slowest, server_bytes=(),
+                               host_seconds=0.0)
+
+    numbers = measurements(snapshot(10, 1.0, 1e6, 0.1, (4, 5), 9),
+                           snapshot(20, 2.0, 3e6, 0.2, (5, 14), 19), world_size=2,
+                           wall_seconds=4.0)
+    assert numbers["comm_ms"] == pytest.approx(100.0)
+    assert numbers["step_ms"] == pytest.approx(400.0)
+    assert numbers["comm_share"] == pytest.approx(0.25)
+    assert numbers["sent_mb"] == pytest.approx(0.2)
+    assert numbers["algbw_gbps"] == pytest.approx(0.01)  # 10 MB in 1 s
+    assert numbers["busbw_gbps"] == pytest.approx(0.01)  # x 2 (P - 1) / P = 1 for P = 2
+    assert numbers["wait_ms"] == pytest.approx(10.0)
+    assert numbers["slowest_rank"] == 1
+    assert measurements(snapshot(5, 1, 1, 0, (0, 0), 0), snapshot(5, 1, 1, 0, (0, 0), 0), 2, 1) == {}
+
+
+def test_profile_steps_are_validated():
+    assert parse_profile_steps("3:5") == (3, 5)
+    assert parse_profile_steps("4") == (4, 4)
+    for bad in ("0:3", "5:2", "a:b", "1:2:3", ""):
+        with pytest.raises(ValueError, match="Got"):
+            parse_profile_steps(bad)
