@@ -2,7 +2,7 @@
 
     tfdist-bench                      # everything
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
-                                      # large_batch, sparse, async, patterns
+                                      # large_batch, sparse, async, patterns, profiling
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import async_report, keras_patterns_report, large_batch
+from benchmarks import async_report, keras_patterns_report, large_batch, profiling_report
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
@@ -208,7 +208,8 @@ def run_sparse(tmp):
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "compression": run_compression, "tree": run_tree, "ps": run_ps,
          "large_batch": large_batch.run, "sparse": run_sparse, "async": async_report.run,
-         "patterns": lambda tmp: keras_patterns_report.main([])}
+         "patterns": lambda tmp: keras_patterns_report.main([]),
+         "profiling": profiling_report.run}
 
 
 def main(argv=None):

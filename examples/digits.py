@@ -7,6 +7,8 @@
     tfdist-run -np 3 python examples/digits.py --strategy tree   # reduction tree (fanout 2)
     tfdist-run -np 3 --num-servers 1 python examples/digits.py --strategy ps   # parameter server
     horovodrun -np 2 python examples/digits.py --strategy ps     # one server per worker
+    tfdist-run -np 2 --profile prof python examples/digits.py --tensorboard logs
+        # tfdist/ scalars in TensorBoard (logs), every rank profiled, merged timeline (prof)
 
 The data set (1,797 images, 10 classes) ships with scikit-learn: nothing is
 downloaded. `--batch-size` is the global batch, split across the processes.
@@ -70,6 +72,9 @@ def main():
                         help="global batch size (default: 64, rounded up to a multiple of the "
                              "number of processes)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--tensorboard", metavar="LOG_DIR", default=None,
+                        help="add keras.callbacks.TensorBoard(LOG_DIR, update_freq=10): Keras' "
+                             "scalars and tfdist's communication scalars (tfdist/...)")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(0)
@@ -87,8 +92,10 @@ def main():
         print(f"tfdist digits: {args.strategy} strategy{engine}, {strategy.world_size} process(es), "
               f"global batch {args.batch_size}, {len(x_train)} training images", flush=True)
     start = time.time()
+    callbacks = ([keras.callbacks.TensorBoard(args.tensorboard, update_freq=10)]
+                 if args.tensorboard else [])
     history = model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
-                        validation_data=(x_val, y_val), verbose=2)
+                        validation_data=(x_val, y_val), verbose=2, callbacks=callbacks)
     seconds = time.time() - start
     if strategy.is_chief:
         accuracy = history.history["val_accuracy"][-1]

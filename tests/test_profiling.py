@@ -88,7 +88,8 @@ def check_scalars(log_dir, expected_tags, ranks):
     written = scalars(os.path.join(log_dir, "train"))
     assert {f"tfdist/{t}" for t in expected_tags} <= set(written), sorted(written)
     for tag, points in written.items():
-        assert [step for step, _ in points] == list(range(UPDATE_FREQ, BATCHES + 1, UPDATE_FREQ)), tag
+        steps = [step for step, _ in points]
+        assert steps == list(range(UPDATE_FREQ, BATCHES + 1, UPDATE_FREQ)), tag
     assert all(value > 0 for _, value in written["tfdist/comm_ms"])
     sent = [value for _, value in written["tfdist/sent_mb"]]
     assert max(sent) == pytest.approx(min(sent), rel=1e-6), sent  # every step sends the same
@@ -194,7 +195,8 @@ def test_tfdist_scalars_show_in_tensorboard_in_a_real_browser(ring_job, tmp_path
                     plugins = json.load(reply)
                 break
             except OSError:
-                assert time.monotonic() < deadline and board.poll() is None, "tensorboard did not start"
+                assert time.monotonic() < deadline and board.poll() is None, \
+                    "tensorboard did not start"
                 time.sleep(1)
         assert plugins["profile"]["enabled"], "the profile plugin does not see the rank_<k> runs"
         page = f"{base}/?tagFilter=tfdist&forceSVG=true#timeseries"
@@ -226,7 +228,7 @@ def test_timeline_interval_arithmetic():
     assert timeline.clip(busy, 1, 6) == [(1, 3), (5, 6)]
     step = timeline.step_breakdown((0, 10, 7), [(0, 4)], [(3, 6)])
     assert step == {"step": 7, "step_ms": 1e-5, "compute_ms": 4e-6, "comm_ms": 3e-6,
-                    "hidden_ms": 1e-6, "exposed_ms": 2e-6}
+                    "hidden_ms": 1e-6, "exposed_ms": 2e-6, "instrumentation_ms": 0.0}
 
 
 def test_measurements_between_snapshots():
@@ -247,7 +249,8 @@ def test_measurements_between_snapshots():
     assert numbers["busbw_gbps"] == pytest.approx(0.01)  # x 2 (P - 1) / P = 1 for P = 2
     assert numbers["wait_ms"] == pytest.approx(10.0)
     assert numbers["slowest_rank"] == 1
-    assert measurements(snapshot(5, 1, 1, 0, (0, 0), 0), snapshot(5, 1, 1, 0, (0, 0), 0), 2, 1) == {}
+    same = snapshot(5, 1, 1, 0, (0, 0), 0)
+    assert measurements(same, same, 2, 1) == {}
 
 
 def test_profile_steps_are_validated():

@@ -1,4 +1,4 @@
-"""Worker script: a keras.io-style text classifier trained with an unchanged Keras TensorBoard callback.
+"""Worker script: a keras.io-style text classifier, profiled by an unchanged Keras TensorBoard.
 
   python profiled_training.py OUT LOG_DIR [--strategy ring|tree|ps|async]
       [--backend collective|horovod] [--update-freq N] [--profile-batch A:B]

@@ -19,8 +19,8 @@ d of the previous step travels, as its entry of a vector of P floats, in the
 next step's first collective (the row count the strategy sums anyway): no
 extra collective (`exchange_vector`, `absorb_exchange`).
 
-Cost when enabled: two timestamps and five variable updates per bucket, P
-floats more in one all-reduce per step.
+Cost when enabled: per communication two timestamps and two variable
+updates; per step a few scalar ops and P floats more in one all-reduce.
 """
 
 import contextlib
@@ -73,14 +73,10 @@ class CommunicationCounters:
                 return tf.Variable(tf.zeros(shape, dtype), trainable=False,
                                    name=f"tfdist_comm_{name}")
 
-            self._steps = counter("steps", tf.int64)
-            self._calls = counter("calls", tf.int64)
-            self._seconds = counter("seconds", tf.float64)
-            self._payload_bytes = counter("payload_bytes", tf.float64)
-            self._sent_bytes = counter("sent_bytes", tf.float64)
+            # One vector per update site, so a call adds one update op, not four.
+            self._per_call = counter("per_call", tf.float64, [4])  # seconds, calls, payload, sent
+            self._per_step = counter("per_step", tf.float64, [3])  # steps, compared, wait seconds
             self._step_seconds = counter("step_seconds", tf.float64)  # this step so far
-            self._compared_steps = counter("compared_steps", tf.int64)
-            self._wait_seconds = counter("wait_seconds", tf.float64)
             self._slowest_counts = counter("slowest_counts", tf.int64, [self.world_size])
             self._server_bytes = counter("server_bytes", tf.float64, [max(self.num_servers, 1)])
 
@@ -120,11 +116,10 @@ class CommunicationCounters:
         with tf.name_scope(SCOPE):
             with tf.control_dependencies(done):
                 elapsed = tf.timestamp() - start
-            self._seconds.assign_add(elapsed)
+            self._per_call.assign_add(tf.stack([
+                elapsed, tf.ones([], tf.float64), tf.cast(payload_bytes, tf.float64),
+                tf.cast(sent_bytes, tf.float64)]))
             self._step_seconds.assign_add(elapsed)
-            self._calls.assign_add(1)
-            self._payload_bytes.assign_add(tf.cast(payload_bytes, tf.float64))
-            self._sent_bytes.assign_add(tf.cast(sent_bytes, tf.float64))
         return outputs
 
     def count_server_bytes(self, by_server):
@@ -162,13 +157,10 @@ class CommunicationCounters:
             self._absorb(summed)
 
     def _absorb(self, summed):
-        self._steps.assign_add(1)
         every_rank_measured = tf.reduce_all(summed > 0)
-        fastest = tf.reduce_min(summed)
-        self._compared_steps.assign_add(tf.cast(every_rank_measured, tf.int64))
-        self._wait_seconds.assign_add(tf.where(
-            every_rank_measured, tf.cast(summed[self.rank] - fastest, tf.float64),
-            tf.zeros([], tf.float64)))
+        compared = tf.cast(every_rank_measured, tf.float64)
+        wait = compared * tf.cast(summed[self.rank] - tf.reduce_min(summed), tf.float64)
+        self._per_step.assign_add(tf.stack([tf.ones([], tf.float64), compared, wait]))
         self._slowest_counts.scatter_nd_add(
             [[tf.argmin(summed, output_type=tf.int32)]],
             tf.reshape(tf.cast(every_rank_measured, tf.int64), [1]))
@@ -177,18 +169,16 @@ class CommunicationCounters:
         """Count a training step that has no first all-reduce (asynchronous workers)."""
         if self.active:
             with tf.name_scope(SCOPE):
-                self._steps.assign_add(1)
+                self._per_step.assign_add(tf.constant([1.0, 0.0, 0.0], tf.float64))
 
     # ----------------------------------------------------------- reading
     def snapshot(self):
         """The counters now (eager; one host sync)."""
+        seconds, calls, payload, sent = self._per_call.numpy().tolist()
+        steps, compared, wait = self._per_step.numpy().tolist()
         return CounterSnapshot(
-            steps=int(self._steps.numpy()), calls=int(self._calls.numpy()),
-            seconds=float(self._seconds.numpy()),
-            payload_bytes=float(self._payload_bytes.numpy()),
-            sent_bytes=float(self._sent_bytes.numpy()),
-            compared_steps=int(self._compared_steps.numpy()),
-            wait_seconds=float(self._wait_seconds.numpy()),
+            steps=int(steps), calls=int(calls), seconds=seconds, payload_bytes=payload,
+            sent_bytes=sent, compared_steps=int(compared), wait_seconds=wait,
             slowest_counts=tuple(int(c) for c in self._slowest_counts.numpy()),
             server_bytes=tuple(float(b) for b in self._server_bytes.numpy()[:self.num_servers]),
             host_seconds=self._host_seconds)

@@ -37,6 +37,7 @@ import sys
 _OP_EVENT = re.compile(r"^(?P<node>[^:\s]+):(?P<type>[A-Za-z0-9_]+)$")
 _PHASE = re.compile(r"(?:^|/)(tfdist/[^/]+/[^/]+)/")
 _STEP_EVENT = "TraceContext"
+_COUNTERS = "tfdist_counters/"  # tfdist.aggregation.counters.SCOPE
 TIMELINE_FILE = "tfdist_timeline.json"
 OVERLAP_FILE = "tfdist_overlap.json"
 FIGURE_FILE = "tfdist_overlap.png"
@@ -54,17 +55,18 @@ def newest_profiles(log_dir):
 
 
 def read_events(path):
-    """(steps, computation, communication) of one profile: lists of (start_ns, end_ns, ...).
+    """(steps, computation, communication, instrumentation) of one profile.
 
-    steps: (start, end, step number); computation: (start, end);
-    communication: (start, end, phase, op name).
+    Lists of (start_ns, end_ns, ...): steps: (start, end, step number);
+    computation: (start, end); communication: (start, end, phase, op type);
+    instrumentation: (start, end) of tfdist's communication counters' own ops.
     """
     from tfdist import _tf  # TensorFlow's profile format; imported only when reading
 
     space = _tf.XSpace()
     with open(path, "rb") as file:
         space.ParseFromString(file.read())
-    steps, computation, communication = [], [], []
+    steps, computation, communication, instrumentation = [], [], [], []
     for plane in space.planes:
         step_stat = next((k for k, m in plane.stat_metadata.items() if m.name == "step_num"), None)
         for line in plane.lines:
@@ -82,11 +84,13 @@ def read_events(path):
                 if op is None:
                     continue
                 phase = _PHASE.search(op.group("node") + "/")
-                if phase:
+                if _COUNTERS in op.group("node"):
+                    instrumentation.append((start, end))
+                elif phase:
                     communication.append((start, end, phase.group(1), op.group("type")))
                 else:
                     computation.append((start, end))
-    return sorted(steps), sorted(computation), sorted(communication)
+    return sorted(steps), sorted(computation), sorted(communication), sorted(instrumentation)
 
 
 def union(intervals):
@@ -122,19 +126,21 @@ def clip(intervals, start, end):
     return [(max(s, start), min(e, end)) for s, e in intervals if e > start and s < end]
 
 
-def step_breakdown(step, computation, communication):
-    """Milliseconds of a step: computation, communication, hidden and exposed communication."""
+def step_breakdown(step, computation, communication, instrumentation=()):
+    """Milliseconds of a step: computation, communication, hidden and exposed communication,
+    and tfdist's counters (`instrumentation_ms`: the union of their ops' spans)."""
     start, end, number = step
     compute = clip(computation, start, end)
     comm = clip(communication, start, end)
     hidden = length(intersect(compute, comm))
     return {"step": number, "step_ms": (end - start) / 1e6, "compute_ms": length(compute) / 1e6,
             "comm_ms": length(comm) / 1e6, "hidden_ms": hidden / 1e6,
-            "exposed_ms": (length(comm) - hidden) / 1e6}
+            "exposed_ms": (length(comm) - hidden) / 1e6,
+            "instrumentation_ms": length(clip(instrumentation, start, end)) / 1e6}
 
 
 def analyse(log_dir, steps=None):
-    """(Chrome trace dict, overlap dict) for the profiles under `log_dir` (see the module docstring)."""
+    """(Chrome trace dict, overlap dict) for the profiles under `log_dir` (module docstring)."""
     profiles = newest_profiles(log_dir)
     if not profiles:
         raise FileNotFoundError(
@@ -144,7 +150,7 @@ def analyse(log_dir, steps=None):
     origin = min((e[0] for events in per_rank.values() for kind in events for e in kind),
                  default=0)
     trace, overlap = [], {"log_dir": log_dir, "ranks": {}}
-    for rank, (rank_steps, computation, communication) in per_rank.items():
+    for rank, (rank_steps, computation, communication, instrumentation) in per_rank.items():
         if steps is not None:
             rank_steps = [s for s in rank_steps if steps[0] <= s[2] <= steps[1]]
         window = ((rank_steps[0][0], rank_steps[-1][1]) if rank_steps else
@@ -155,14 +161,16 @@ def analyse(log_dir, steps=None):
         for start, end, phase, _ in communication:
             if end > window[0] and start < window[1]:
                 phases[phase].append((start, end))
-        breakdown = [step_breakdown(s, compute_busy, comm_busy) for s in rank_steps]
+        counted = union(clip(union(instrumentation), *window))
+        breakdown = [step_breakdown(s, compute_busy, comm_busy, counted) for s in rank_steps]
         hidden = length(intersect(compute_busy, comm_busy))
         overlap["ranks"][str(rank)] = {
             "profile": profiles[rank], "steps": breakdown,
             "total": {"compute_ms": length(compute_busy) / 1e6,
                       "comm_ms": length(comm_busy) / 1e6, "hidden_ms": hidden / 1e6,
                       "exposed_ms": (length(comm_busy) - hidden) / 1e6,
-                      "hidden_share": hidden / length(comm_busy) if comm_busy else 0.0},
+                      "hidden_share": hidden / length(comm_busy) if comm_busy else 0.0,
+                      "instrumentation_ms": length(counted) / 1e6},
             "phases_ms": {p: length(union(v)) / 1e6 for p, v in sorted(phases.items())}}
         trace += _rank_trace(rank, origin, rank_steps, compute_busy, phases)
     shares = [r["total"]["hidden_share"] for r in overlap["ranks"].values()]
@@ -217,7 +225,7 @@ def plot(overlap, path):
 
 
 def write(log_dir, steps=None):
-    """Analyse `log_dir` and write the timeline, the overlap numbers and (with matplotlib) the figure."""
+    """Analyse `log_dir`; write the timeline, the overlap numbers and (matplotlib) the figure."""
     trace, overlap = analyse(log_dir, steps)
     with open(os.path.join(log_dir, TIMELINE_FILE), "w", encoding="utf-8") as file:
         json.dump(trace, file)

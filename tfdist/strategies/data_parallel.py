@@ -293,8 +293,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "on every rank; tfdist gives each rank its slice of every global batch."
             )
 
-    def any_rank(self, flag):
+    def any_rank(self, flag, training=False):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce).
+
+        `training`: the exchange belongs to training (fit's `stop_training`):
+        its time counts as training communication (`communication_counters`).
 
         With asynchronous updates the workers are not in step, and a dead
         worker must not block the others: every flag stays this rank's own.
@@ -310,7 +313,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         with self._communicator.expect_progress("stop-flag exchange"):
             total = self._any_rank_function(tf.constant([1.0 if flag else 0.0]))
             stop = bool(total.numpy()[0] > 0)
-        self.communication_counters.add_host_seconds(time.perf_counter() - start)
+        if training:
+            self.communication_counters.add_host_seconds(time.perf_counter() - start)
         return stop
 
     def _distribute_datasets_from_function(self, dataset_fn, options):

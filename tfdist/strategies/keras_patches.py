@@ -647,7 +647,7 @@ def _install_collective_stop_flags():
             frame = sys._getframe(1)  # pylint: disable=protected-access
             if strategy is None or strategy.world_size == 1 or not read_by_keras_loop(frame):
                 return local
-            return strategy.extended.any_rank(local)
+            return strategy.extended.any_rank(local, training=_attribute == "_tfdist_stop_training")
 
         def set_(self, value, _attribute=attribute):
             self.__dict__[_attribute] = value
