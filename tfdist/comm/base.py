@@ -100,6 +100,14 @@ class Communicator(abc.ABC):
             "collectives (engine 'collective')."
         )
 
+    # ------------------------------------------------------------ profiling
+    def start_engine_timeline(self, directory):
+        """Start the engine's own timeline into `directory` if it keeps one (Horovod's)."""
+        del directory
+
+    def stop_engine_timeline(self):
+        """Stop what `start_engine_timeline` started."""
+
     # ------------------------------------------------------------- liveness
     def expect_progress(self, description):
         """Context manager bounding one call of a compiled function with collectives.

@@ -14,6 +14,14 @@ HOROVOD_GLOO_TIMEOUT_SECONDS (a peer that stops answering) and
 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (peers alive but not submitting the same
 tensors) to the timeout unless the user set them; either ends the pending ops
 with an error.
+
+Profiling: the TensorFlow profiler does not record Horovod's ops (they run
+on Horovod's threads), so a rank profiling its steps also starts Horovod's
+own timeline (`start_engine_timeline`): the coordinator, rank 0, writes
+every tensor's negotiation and execution to
+`HOROVOD_TIMELINE_FILE`, which `tfdist.launch.timeline` merges. Horovod
+allows that only with HOROVOD_TIMELINE=DYNAMIC set before it starts; tfdist
+sets it when `tfdist-run --profile` asked for profiles.
 """
 
 import os
@@ -21,8 +29,11 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from tfdist import profile_request
 from tfdist.comm.base import Communicator
 from tfdist.errors import ClusterError
+
+HOROVOD_TIMELINE_FILE = "horovod_timeline.json"
 
 _INSTALL_HINT = (
     "Horovod is not installed in this environment: `make install` builds it (it needs "
@@ -74,6 +85,8 @@ class HorovodCommunicator(Communicator):
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self.timeout)),
                 "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(self.timeout)),
             }
+            if os.environ.get(profile_request.PROFILE_DIR_ENV):
+                defaults["HOROVOD_TIMELINE"] = "DYNAMIC"  # started when the profile starts
             if fusion_threshold_bytes is not None:
                 os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_bytes))
             for name, value in defaults.items():
@@ -87,6 +100,17 @@ class HorovodCommunicator(Communicator):
                 "was this process started by horovodrun or tfdist-run --horovod?"
             )
         self.transport = "mpi" if hvd.mpi_enabled() else "gloo"
+
+    def start_engine_timeline(self, directory):
+        """Horovod's timeline into `directory`/HOROVOD_TIMELINE_FILE (written by rank 0)."""
+        try:
+            self._hvd.start_timeline(os.path.join(directory, HOROVOD_TIMELINE_FILE))
+        except ValueError as error:  # HOROVOD_TIMELINE=DYNAMIC was not set before hvd.init()
+            logging.log_first_n(logging.WARNING, "tfdist: no Horovod timeline in the profile: %s",
+                                1, error)
+
+    def stop_engine_timeline(self):
+        self._hvd.stop_timeline()
 
     def all_reduce(self, tensor):
         """Element-wise sum of `tensor` over all ranks."""

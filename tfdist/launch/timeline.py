@@ -21,7 +21,13 @@ profile of every rank, `LOG_DIR/rank_<k>/plugins/profile/<run>/*.xplane.pb`
 
 Classification: an op event (`<node name>:<op type>`) whose node name has a
 `tfdist/` scope is communication (every tfdist communication runs under
-one, `tfdist.aggregation.base`); every other op event is computation.
+one, `tfdist.aggregation.base`); tfdist's own counters (`tfdist_counters/`)
+are reported apart; every other op event is computation. The TensorFlow
+profiler does not see Horovod's ops: under the Horovod engine the profile
+comes with Horovod's own timeline (rank 0's `horovod_timeline.json`:
+every tensor's negotiation and execution, and each rank's arrival when
+Horovod's response cache is off), which is merged in: rank 0's
+communication is its spans; the other ranks' is not recorded.
 Timestamps are each host's clock: ranks on one machine align exactly,
 ranks on several machines up to their clocks' offset.
 """
@@ -34,13 +40,15 @@ import os
 import re
 import sys
 
-_OP_EVENT = re.compile(r"^(?P<node>[^:\s]+):(?P<type>[A-Za-z0-9_]+)$")
+# "<node name>:<op type>"; not the collective runtime's "ReceiveValue:0" (inside its op's span)
+_OP_EVENT = re.compile(r"^(?P<node>[^:\s]+):(?P<type>[A-Za-z_][A-Za-z0-9_]*)$")
 _PHASE = re.compile(r"(?:^|/)(tfdist/[^/]+/[^/]+)/")
 _STEP_EVENT = "TraceContext"
 _COUNTERS = "tfdist_counters/"  # tfdist.aggregation.counters.SCOPE
 TIMELINE_FILE = "tfdist_timeline.json"
 OVERLAP_FILE = "tfdist_overlap.json"
 FIGURE_FILE = "tfdist_overlap.png"
+HOROVOD_TIMELINE_FILE = "horovod_timeline.json"  # tfdist.comm.horovod.HOROVOD_TIMELINE_FILE
 
 
 def newest_profiles(log_dir):
@@ -67,12 +75,16 @@ def read_events(path):
     with open(path, "rb") as file:
         space.ParseFromString(file.read())
     steps, computation, communication, instrumentation = [], [], [], []
+    # Event times are relative to the session's start; make them wall-clock nanoseconds.
+    origin = next((stat.int64_value or stat.uint64_value for plane in space.planes
+                   for stat in plane.stats
+                   if plane.stat_metadata[stat.metadata_id].name == "profile_start_time"), 0)
     for plane in space.planes:
         step_stat = next((k for k, m in plane.stat_metadata.items() if m.name == "step_num"), None)
         for line in plane.lines:
             for event in line.events:
                 name = plane.event_metadata[event.metadata_id].name
-                start = line.timestamp_ns + event.offset_ps // 1000
+                start = origin + line.timestamp_ns + event.offset_ps // 1000
                 end = start + max(event.duration_ps // 1000, 1)
                 if name == _STEP_EVENT:
                     number = next((s.int64_value or s.uint64_value for s in event.stats
@@ -91,6 +103,47 @@ def read_events(path):
                 else:
                     computation.append((start, end))
     return sorted(steps), sorted(computation), sorted(communication), sorted(instrumentation)
+
+
+def read_horovod_timeline(path):
+    """(spans, arrivals) of Horovod's timeline, in absolute nanoseconds.
+
+    Horovod writes every tensor as a process with nested begin/end events -
+    NEGOTIATE_<OP> (until every rank submitted the tensor), then the
+    operation (ALLREDUCE, ...) with its activities - and one zero-length
+    event per rank as it submits; times are microseconds since
+    `start_time_since_epoch_in_micros`. spans: (start, end, phase, name,
+    depth); arrivals: (time, phase, rank). phase: the tensor's
+    `tfdist/<algorithm>/<kind>_<index>` scope.
+    """
+    with open(path, encoding="utf-8") as file:
+        text = file.read().strip()
+    if not text.endswith("]"):  # still being written
+        text = text.rstrip(",") + "]"
+    events = json.loads(text)
+    metadata = [e for e in events if e.get("ph") == "M"]
+    start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in metadata
+                     if "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
+    tensors = {e["pid"]: e["args"]["name"] for e in metadata
+               if e.get("name") == "process_name" and "name" in e.get("args", {})}
+
+    def phase_of(pid):
+        tensor = tensors.get(pid, "")
+        found = _PHASE.search(tensor + "/")
+        return found.group(1) if found else f"horovod/{tensor}"
+
+    stacks, spans, arrivals = collections.defaultdict(list), set(), []
+    for event in events:
+        kind, pid = event.get("ph"), event.get("pid")
+        at = (start_us + event.get("ts", 0)) * 1000
+        if kind == "B":
+            stacks[pid].append((at, event.get("name", "")))
+        elif kind == "E" and stacks[pid]:
+            begin, name = stacks[pid].pop()
+            spans.add((begin, at, phase_of(pid), name, len(stacks[pid])))
+        elif kind == "X" and str(event.get("name", "")).isdigit():
+            arrivals.append((at, phase_of(pid), int(event["name"])))
+    return sorted(spans), sorted(set(arrivals))
 
 
 def union(intervals):
@@ -147,6 +200,14 @@ def analyse(log_dir, steps=None):
             f"no profiles under {log_dir!r}: expected rank_<k>/plugins/profile/<run>/*.xplane.pb "
             "(from TensorBoard(profile_batch=...) or tfdist-run --profile)")
     per_rank = {rank: read_events(path) for rank, path in profiles.items()}
+    horovod = {}
+    for rank, path in profiles.items():
+        engine_timeline = os.path.join(log_dir, f"rank_{rank}", HOROVOD_TIMELINE_FILE)
+        if os.path.exists(engine_timeline):
+            horovod[rank] = read_horovod_timeline(engine_timeline)
+            spans = horovod[rank][0]
+            per_rank[rank][2].extend((start, end, phase, name)
+                                     for start, end, phase, name, depth in spans if depth == 0)
     origin = min((e[0] for events in per_rank.values() for kind in events for e in kind),
                  default=0)
     trace, overlap = [], {"log_dir": log_dir, "ranks": {}}
@@ -171,19 +232,34 @@ def analyse(log_dir, steps=None):
                       "exposed_ms": (length(comm_busy) - hidden) / 1e6,
                       "hidden_share": hidden / length(comm_busy) if comm_busy else 0.0,
                       "instrumentation_ms": length(counted) / 1e6},
-            "phases_ms": {p: length(union(v)) / 1e6 for p, v in sorted(phases.items())}}
-        trace += _rank_trace(rank, origin, rank_steps, compute_busy, phases)
+            "phases_ms": {p: length(union(v)) / 1e6 for p, v in sorted(phases.items())},
+            "communication_source": ("Horovod's timeline" if rank in horovod else
+                                     "none: Horovod writes its timeline on rank 0 only"
+                                     if horovod else "TensorFlow profile")}
+        trace += _rank_trace(rank, origin, rank_steps, compute_busy, phases,
+                             horovod.get(rank))
     shares = [r["total"]["hidden_share"] for r in overlap["ranks"].values()]
     overlap["hidden_share"] = sum(shares) / len(shares)
     return {"traceEvents": trace, "displayTimeUnit": "ms"}, overlap
 
 
-def _rank_trace(rank, origin, steps, compute_busy, phases):
+def _rank_trace(rank, origin, steps, compute_busy, phases, horovod=None):
     def span(name, tid, start, end, **args):
         return {"name": name, "ph": "X", "pid": rank, "tid": tid,
                 "ts": (start - origin) / 1e3, "dur": (end - start) / 1e3, "args": args}
 
     rows = ["steps", "computation"] + sorted(phases)
+    if horovod is not None:  # Horovod's own spans, nested, and each rank's arrival
+        spans, arrivals = horovod
+        rows.append("Horovod timeline")
+        tid = len(rows) - 1
+        extra = [span(f"{phase}: {name}", tid, start, end)
+                 for start, end, phase, name, _ in spans]
+        extra += [{"name": f"rank {arrived} ready", "ph": "i", "s": "t", "pid": rank, "tid": tid,
+                   "ts": (at - origin) / 1e3, "args": {"phase": phase}}
+                  for at, phase, arrived in arrivals]
+    else:
+        extra = []
     events = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
               {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}]
     events += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": row}}
@@ -192,7 +268,7 @@ def _rank_trace(rank, origin, steps, compute_busy, phases):
     events += [span("computation", 1, start, end) for start, end in compute_busy]
     for tid, phase in enumerate(sorted(phases), start=2):
         events += [span(phase, tid, start, end) for start, end in union(phases[phase])]
-    return events
+    return events + extra
 
 
 def plot(overlap, path):

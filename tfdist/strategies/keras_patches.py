@@ -349,8 +349,9 @@ def _with_communication_profiling(model, callbacks):
             board._should_trace = False
         batches = getattr(board, "_tfdist_profile_batches", None)
         if batches is not None:
-            added.append(profiling.RankProfiler(board.log_dir, *batches, strategy.rank))
-    requested = profiling.profiler_from_environment(strategy.rank)
+            added.append(profiling.RankProfiler(board.log_dir, *batches, strategy.rank,
+                                                strategy.extended.communicator))
+    requested = profiling.profiler_from_environment(strategy.rank, strategy.extended.communicator)
     if requested is not None:
         added.append(requested)
     return callbacks + added
