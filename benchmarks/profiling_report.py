@@ -36,7 +36,9 @@ MODES = ("none", "epoch", "batch")
 def _job(tmp, code_dir, mode, index):
     """(ms per step, host ms per step in tfdist's scalars callback) of one 2-process job."""
     out = os.path.join(tmp, f"profiling{index}.json")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=code_dir)
+    # One intra-op thread per process: two processes on a 2-core machine, less noise.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=code_dir,
+               TF_NUM_INTRAOP_THREADS="1")
     command = [sys.executable, "-m", "tfdist.launch", "-np", "2", sys.executable,
                os.path.join(HERE, "profiling_overhead.py"), out, mode,
                os.path.join(tmp, f"logs{index}")]
@@ -92,7 +94,8 @@ def run(tmp):
               "scalars_host_ms_per_step_samples": host,
               "baseline_commit": BASELINE_COMMIT, "rounds": ROUNDS,
               "description": "digits demo job, 2 processes, ring on TF collectives, global batch "
-                             "64; ms per step = wall time of epochs 2-5 / steps (callbacks "
+                             "64, one intra-op thread per process; ms per step = wall time of "
+                             "epochs 2-5 / steps (callbacks "
                              "included); configurations interleaved per round; 'baseline' is "
                              "the commit before profiling, 'none' no TensorBoard, 'epoch' / "
                              "'batch' keras.callbacks.TensorBoard(update_freq='epoch' / 1); "

@@ -5,7 +5,8 @@ are scaled for tf.distribute, where optimizers all-reduce, where a `Mean`
 metric is updated or where the fit loop reads `stop_training`; it has no
 notion of a chief process either. This module patches exactly those places
 (and reads the few private attributes tfdist needs: an optimizer's
-learning-rate setting, `BackupAndRestore`'s paths). Nothing else in tfdist
+learning-rate setting, `BackupAndRestore`'s paths, a `TensorBoard`
+callback's writer and profiled batches). Nothing else in tfdist
 imports `keras.src` or touches a private Keras attribute.
 
 Supported Keras versions: `SUPPORTED_KERAS` (also declared in

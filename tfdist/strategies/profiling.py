@@ -146,14 +146,17 @@ def scalars_summary(values):
     """One serialized `Summary` with every value as a `tfdist/<name>` TensorBoard scalar.
 
     The same records `tf.summary.scalar` writes, written by one op instead of
-    one op per value (0.3 ms instead of 1.5 ms for ten values).
+    one op per value (0.2 ms instead of 1.5 ms for ten values).
     """
     metadata = tf.compat.v1.SummaryMetadata(
         plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"),
         data_class=_DATA_CLASS_SCALAR)
+    scalar = tf.make_tensor_proto(0.0, dtype=tf.float32)  # a float32 scalar's TensorProto
     return tf.compat.v1.Summary(value=[
-        tf.compat.v1.Summary.Value(tag=f"tfdist/{name}", metadata=metadata,
-                                   tensor=tf.make_tensor_proto(value, dtype=tf.float32))
+        tf.compat.v1.Summary.Value(
+            tag=f"tfdist/{name}", metadata=metadata,
+            tensor=type(scalar)(dtype=scalar.dtype, tensor_shape=scalar.tensor_shape,
+                                float_val=[value]))
         for name, value in values.items()]).SerializeToString()
 
 
