@@ -128,3 +128,33 @@ def test_async_rejects_what_spans_servers():
         check_asynchronous_optimizer(
             keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
     check_asynchronous_optimizer(keras.optimizers.Adam(clipnorm=1.0))  # per variable: fine
+
+
+def test_stop_flags_are_exchanged_only_when_a_callback_may_decide_alone():
+    """Keras' own callbacks (and tfdist's) stop from the global logs: no exchange needed.
+
+    A user's callback, or a subclass of a trusted one, may decide on one rank
+    only: while a list holding one is alive, the loop's reads are exchanged.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tfdist.strategies import keras_patches  # pylint: disable=import-outside-toplevel
+
+    class Model:  # what the decision reads from a model: its live callback lists
+        pass
+
+    class MyEarlyStopping(keras.callbacks.EarlyStopping):
+        pass
+
+    model = Model()
+    agreeing = keras.callbacks.CallbackList(
+        [keras.callbacks.EarlyStopping(), tfdist.callbacks.LearningRateWarmup(1),
+         tfdist.callbacks.CommunicationMonitor()], add_history=True)
+    keras_patches._remember_callback_list(model, agreeing)  # pylint: disable=protected-access
+    assert keras_patches._stop_flags_agree(model)  # pylint: disable=protected-access
+    deciding_alone = keras.callbacks.CallbackList([MyEarlyStopping()])
+    keras_patches._remember_callback_list(model, deciding_alone)  # pylint: disable=W0212
+    assert not keras_patches._stop_flags_agree(model)  # pylint: disable=protected-access
+    del deciding_alone  # that fit (or evaluate) is over
+    assert keras_patches._stop_flags_agree(model)  # pylint: disable=protected-access
+    assert not keras_patches._stop_flags_agree(Model())  # pylint: disable=W0212

@@ -6,6 +6,7 @@ from tfdist.strategies import keras_patches
 from tfdist.strategies.profiling import CommunicationReport
 
 
+@keras_patches.agrees_across_ranks
 class CommunicationMonitor(keras.callbacks.Callback):
     """Add this rank's communication per training step to the logs (and so to `History`).
 

@@ -5,6 +5,7 @@ import keras
 from tfdist.strategies import keras_patches
 
 
+@keras_patches.agrees_across_ranks
 class StalenessAwareLearningRate(keras.callbacks.Callback):
     """Divide the learning rate of every asynchronous update by its staleness (Zhang et al. 2016).
 

@@ -5,6 +5,7 @@ import keras
 from tfdist.strategies import keras_patches
 
 
+@keras_patches.agrees_across_ranks
 class StalenessMonitor(keras.callbacks.Callback):
     """Add the staleness of this worker's updates and its time at the gate to the epoch logs.
 

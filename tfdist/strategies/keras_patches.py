@@ -84,6 +84,30 @@ _CHIEF_ONLY_WRITERS = (
 )
 
 
+# Callbacks that never set a stop flag, or set it only from the logs (which are global:
+# the same on every rank), so every rank decides alike (`agrees_across_ranks`).
+_AGREEING_CALLBACKS = {
+    keras.callbacks.History, keras.callbacks.ProgbarLogger, keras.callbacks.EarlyStopping,
+    keras.callbacks.TerminateOnNaN, keras.callbacks.ModelCheckpoint, keras.callbacks.TensorBoard,
+    keras.callbacks.CSVLogger, keras.callbacks.BackupAndRestore,
+    keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau,
+}
+
+
+def agrees_across_ranks(callback_class):
+    """Class decorator: this callback sets no stop flag, or only from the (global) logs.
+
+    Exact classes only: a subclass may decide differently, and is not trusted
+    until it says so itself.
+    """
+    _AGREEING_CALLBACKS.add(callback_class)
+    return callback_class
+
+
+agrees_across_ranks(profiling.TensorBoardScalars)
+agrees_across_ranks(profiling.RankProfiler)
+
+
 def _parameters(function):
     return list(inspect.signature(inspect.unwrap(function)).parameters)
 
@@ -249,6 +273,7 @@ def _keep_collectives_out_of_xla(model):
         model.train_function = model.test_function = model.predict_function = None
 
 
+@agrees_across_ranks
 class _StepTimeout(keras.callbacks.Callback):
     """Registers each compiled step call with the communicator's progress watchdog.
 
@@ -291,6 +316,7 @@ class _StepTimeout(keras.callbacks.Callback):
         self._end("predict")
 
 
+@agrees_across_ranks
 class _ServerParameters(keras.callbacks.Callback):
     """Asynchronous parameter server: the model's variables follow the servers' parameters.
 
@@ -631,6 +657,11 @@ def _install_collective_stop_flags():
     every batch and epoch, on every rank alike), it is true if it is true on
     any rank, so all ranks stop after the same step. Any other read (a
     callback, TensorFlow's attribute tracking) sees this rank's own value.
+
+    The exchange (one small all-reduce and a host sync per batch) is skipped
+    while every callback list the model runs holds only callbacks that set
+    no flag or set it from the global logs (`agrees_across_ranks`): then
+    every rank decides the same.
     """
     trainer = keras_tf_trainer_module.TensorFlowTrainer
     loops = {inspect.unwrap(loop).__code__ for loop in (trainer.fit, trainer.evaluate,
@@ -647,7 +678,8 @@ def _install_collective_stop_flags():
             local = bool(self.__dict__.get(_attribute, False))
             strategy = tfdist_strategy(self)
             frame = sys._getframe(1)  # pylint: disable=protected-access
-            if strategy is None or strategy.world_size == 1 or not read_by_keras_loop(frame):
+            if (strategy is None or strategy.world_size == 1 or not read_by_keras_loop(frame)
+                    or _stop_flags_agree(self)):
                 return local
             return strategy.extended.any_rank(local, training=_attribute == "_tfdist_stop_training")
 
@@ -655,6 +687,19 @@ def _install_collective_stop_flags():
             self.__dict__[_attribute] = value
 
         setattr(keras_trainer_module.Trainer, name, property(get, set_))
+
+
+def _remember_callback_list(model, callback_list):
+    lists = model.__dict__.setdefault("_tfdist_callback_lists", weakref.WeakSet())
+    lists.add(callback_list)
+
+
+def _stop_flags_agree(model):
+    """True while every live callback list of `model` holds only agreeing callbacks."""
+    lists = model.__dict__.get("_tfdist_callback_lists")
+    return bool(lists) and all(type(callback) in _AGREEING_CALLBACKS
+                               for callback_list in list(lists)
+                               for callback in callback_list.callbacks)
 
 
 def _rank_slice(value, rank, world_size):
@@ -782,6 +827,8 @@ def install():
             _restored_by_the_chief(callbacks, tfdist_strategy(model))
         callback_list_init(self, callbacks, add_history=add_history,
                            add_progbar=add_progbar, model=model, **params)
+        if model is not None and _is_multi_process(model):
+            _remember_callback_list(model, self)
 
     keras.callbacks.CallbackList.__init__ = init
 

@@ -1,0 +1,70 @@
+"""`tfdist-bench --only anatomy`: what a distributed training step costs beyond one process's.
+
+The digits demo job (global batch 64) on 1 process and on 2 processes for
+each strategy (ring on TF collectives and on Horovod, tree, co-located
+parameter server), in interleaved rounds: per step, the communications
+inside the compiled step, the eager exchanges between steps, the Python
+batch callbacks tfdist adds, the communication time (tfdist's counters) and
+the wall time, and each configuration's step time over one process's.
+Result: benchmarks/results/step_anatomy.json.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from benchmarks.harness import HERE, write_result
+
+ROUNDS = 2
+CONFIGS = {  # name: (processes, launcher flags, worker arguments)
+    "1_process": (1, [], ["ring"]),
+    "ring_collective": (2, [], ["ring", "collective"]),
+    "ring_horovod": (2, ["--horovod"], ["ring", "horovod"]),
+    "tree": (2, [], ["tree"]),
+    "ps_colocated": (2, [], ["ps"]),
+}
+
+
+def _job(tmp, name, index):
+    processes, flags, arguments = CONFIGS[name]
+    out = os.path.join(tmp, f"anatomy{index}.json")
+    command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), *flags,
+               sys.executable, os.path.join(HERE, "step_anatomy.py"), out, *arguments]
+    subprocess.run(command, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
+    with open(out) as f:
+        return json.load(f)
+
+
+def run(tmp):
+    runs = {name: [] for name in CONFIGS}
+    index = 0
+    for round_ in range(ROUNDS):
+        names = list(CONFIGS) if round_ % 2 == 0 else list(reversed(CONFIGS))
+        for name in names:
+            index += 1
+            runs[name].append(_job(tmp, name, index))
+    one = statistics.median(r["ms_per_step"] for r in runs["1_process"])
+    table = {}
+    for name, results in runs.items():
+        last = results[-1]
+        ms = statistics.median(r["ms_per_step"] for r in results)
+        comm = [r["communication"].get("comm_ms") for r in results if r["communication"]]
+        table[name] = {
+            "ms_per_step": ms, "over_1_process": ms / one,
+            "comm_ms_per_step": statistics.median(comm) if comm else 0.0,
+            "in_step_communications_per_step": last["in_step_communications_per_step"],
+            "eager_exchanges_per_step": last["eager_exchanges_per_step"],
+            "batch_callbacks_per_step": last["batch_callbacks_per_step"],
+            "samples_ms_per_step": [r["ms_per_step"] for r in results]}
+    result = {"summary": {name: round(row["over_1_process"], 2) for name, row in table.items()},
+              "configurations": table, "rounds": ROUNDS,
+              "description": "digits demo job, global batch 64, 4 epochs (steps of epochs 2-4 "
+                             "timed); per step: communications inside the compiled step "
+                             "(tfdist's counters), eager exchanges between steps (Keras' loop "
+                             "reading stop_training), Python batch callbacks (not Keras' "
+                             "no-ops), communication time, wall time; summary: step time over "
+                             "one process's (same global batch), median of the rounds."}
+    write_result("step_anatomy.json", result)
+    return result
