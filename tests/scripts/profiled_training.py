@@ -2,6 +2,7 @@
 
   python profiled_training.py OUT LOG_DIR [--strategy ring|tree|ps|async]
       [--backend collective|horovod] [--update-freq N] [--profile-batch A:B]
+      [--rows N] [--custom-step] [--clipnorm C]
 
 Bag-of-embeddings text classification (as in keras.io's "text classification
 from scratch", on synthetic token sequences): an Embedding (sparse
@@ -9,6 +10,9 @@ gradients), pooling and two Dense layers, Adam. The callbacks are the ones a
 user writes - `keras.callbacks.TensorBoard(LOG_DIR, update_freq=N,
 profile_batch=(A, B))` and `tfdist.callbacks.CommunicationMonitor()` - and
 nothing else. Each rank writes OUT.rank<R>.json: its history and final weights.
+--rows: the data set's size (the last global batch may leave a rank an empty
+slice); --custom-step: a keras.io-style `train_step` override (GradientTape,
+`compute_loss`, `optimizer.apply`, metrics); --clipnorm: Adam's clipnorm.
 """
 
 import argparse
@@ -19,10 +23,29 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 
-VOCABULARY, LENGTH, ROWS, BATCH, EPOCHS = 500, 20, 384, 32, 2
+VOCABULARY, LENGTH, BATCH, EPOCHS = 500, 20, 32, 2
+
+
+class CustomStepClassifier(keras.Sequential):
+    """The keras.io "customizing what happens in fit" train_step."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
 
 
 def make_strategy(name, backend):
@@ -35,10 +58,10 @@ def make_strategy(name, backend):
     return tfdist.strategies.ParameterServerStrategy(mode="async", staleness=2)
 
 
-def synthetic_reviews(seed=0):
+def synthetic_reviews(rows, seed=0):
     """Token sequences whose label is whether 'positive' tokens outnumber 'negative' ones."""
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(1, VOCABULARY, size=(ROWS, LENGTH)).astype("int32")
+    tokens = rng.integers(1, VOCABULARY, size=(rows, LENGTH)).astype("int32")
     labels = ((tokens < VOCABULARY // 2).sum(axis=1) > LENGTH // 2).astype("int32")
     return tokens, labels
 
@@ -51,20 +74,24 @@ def main():
     parser.add_argument("--backend", default="collective")
     parser.add_argument("--update-freq", type=int, default=4)
     parser.add_argument("--profile-batch", default="3:5")
+    parser.add_argument("--rows", type=int, default=384)
+    parser.add_argument("--custom-step", action="store_true")
+    parser.add_argument("--clipnorm", type=float, default=None)
     args = parser.parse_args()
 
     keras.utils.set_random_seed(1)
     strategy = make_strategy(args.strategy, args.backend)
-    x, y = synthetic_reviews()
+    x, y = synthetic_reviews(args.rows)
     with strategy.scope():
-        model = keras.Sequential([
+        model = (CustomStepClassifier if args.custom_step else keras.Sequential)([
             keras.Input((LENGTH,), dtype="int32"),
             keras.layers.Embedding(VOCABULARY, 16),
             keras.layers.GlobalAveragePooling1D(),
             keras.layers.Dense(64, activation="relu"),
             keras.layers.Dense(1, activation="sigmoid"),
         ])
-        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="binary_crossentropy",
+        model.compile(optimizer=keras.optimizers.Adam(1e-2, clipnorm=args.clipnorm),
+                      loss="binary_crossentropy",
                       metrics=["accuracy"])
     first, _, last = args.profile_batch.partition(":")
     profile_batch = (int(first), int(last)) if int(first) else 0

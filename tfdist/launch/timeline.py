@@ -40,6 +40,8 @@ import os
 import re
 import sys
 
+from tfdist import profile_request
+
 # "<node name>:<op type>"; not the collective runtime's "ReceiveValue:0" (inside its op's span)
 _OP_EVENT = re.compile(r"^(?P<node>[^:\s]+):(?P<type>[A-Za-z_][A-Za-z0-9_]*)$")
 _PHASE = re.compile(r"(?:^|/)(tfdist/[^/]+/[^/]+)/")
@@ -320,10 +322,10 @@ def main(argv=None):
     parser.add_argument("--steps", default=None,
                         help="training steps to keep, 'A:B' (default: every profiled step)")
     args = parser.parse_args(argv)
-    steps = None
-    if args.steps:
-        first, _, last = args.steps.partition(":")
-        steps = (int(first), int(last or first))
+    try:
+        steps = profile_request.parse_profile_steps(args.steps) if args.steps else None
+    except ValueError as error:
+        parser.error(f"--steps: {error}")
     try:
         overlap = write(args.log_dir, steps)
     except FileNotFoundError as error:

@@ -39,6 +39,7 @@ from tfdist import runtime
 from tfdist.aggregation.base import GRADIENTS, STATE
 from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.aggregation.counters import CommunicationCounters
+from tfdist.aggregation.parameter_server.async_client import bytes_by_server, variable_bytes
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_patches
@@ -220,15 +221,15 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
         values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))[:rows]
         indices = slices.indices[:rows]
+        counters = self.communication_counters
         mine = (tf.size(values, tf.int64) * values.dtype.size
-                + tf.size(indices, tf.int64) * indices.dtype.size)
-        world_size = self._cluster.world_size
+                + tf.size(indices, tf.int64) * indices.dtype.size) if counters.active else 0
         with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
-            gathered = self.communication_counters.timed(
+            gathered = counters.timed(
                 [values, indices],
                 lambda: (self._communicator.all_gather(values),
                          self._communicator.all_gather(indices)),
-                payload_bytes=mine, sent_bytes=mine * (world_size - 1))
+                payload_bytes=mine, sent_bytes=mine * (self._cluster.world_size - 1))
         return tf.IndexedSlices(gathered[0], gathered[1], slices.dense_shape)
 
     def _gather_to_implementation(self, value, destinations, axis, options):
@@ -370,7 +371,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                                                           model.trainable_variables)
         counters = self.communication_counters
         counters.count_step()
-        pull_bytes = sum(_num_bytes(v) for v in parameter_set[1])
+        pull_bytes = sum(variable_bytes(v) for v in parameter_set[1])
         with tf.name_scope("tfdist/ps_async/pull/"):
             pulls = counters.timed([], lambda: self.remote_updates.begin_step(*parameter_set),
                                    payload_bytes=pull_bytes, sent_bytes=0)
@@ -406,9 +407,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                       else step.weight(gradient.dtype))
             grads.append(tf.math.multiply_no_nan(gradient, weight))
         counters = self.communication_counters
-        by_server = [0] * counters.num_servers
-        for variable, server in zip(set_variables, servers):
-            by_server[server] += _num_bytes(variable)
+        by_server = bytes_by_server(set_variables, servers, counters.num_servers)
         counters.count_server_bytes(by_server)
         with tf.name_scope("tfdist/ps_async/push/"):
             pushed = counters.timed(grads, lambda: self.remote_updates.push(
@@ -448,10 +447,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         """sum over ranks of share * value, for per-slice float values (one all-reduce)."""
         weighted = [tf.math.multiply_no_nan(v, step.weight(v.dtype)) for v in values]
         return self._all_reduce_sum(weighted)
-
-
-def _num_bytes(variable):
-    return variable.shape.num_elements() * tf.as_dtype(variable.dtype).size
 
 
 def _shard_files(dataset, context):

@@ -44,11 +44,23 @@ HISTOGRAM_BINS = 64  # staleness 0 .. 62, and 63 for 63 or more
 PIECE_ELEMENTS = DEFAULT_PIECE_BYTES // 4  # float32 values per message (gRPC caps one at 4 MiB)
 
 
+def variable_bytes(variable):
+    return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+
+
+def bytes_by_server(variables, servers, num_servers):
+    """Bytes of `variables` on each of `num_servers` servers (`servers`: each one's server)."""
+    loads = [0] * num_servers
+    for variable, server in zip(variables, servers):
+        loads[server] += variable_bytes(variable)
+    return loads
+
+
 def placement(variables, num_servers):
     """Server index of each variable: largest first onto the least-loaded server (by bytes)."""
     loads = [0] * num_servers
     servers = [0] * len(variables)
-    sizes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables]
+    sizes = [variable_bytes(v) for v in variables]
     for index in sorted(range(len(variables)), key=lambda i: (-sizes[i], i)):
         server = min(range(num_servers), key=lambda k: (loads[k], k))
         servers[index] = server
