@@ -11,8 +11,9 @@ user writes - `keras.callbacks.TensorBoard(LOG_DIR, update_freq=N,
 profile_batch=(A, B))` and `tfdist.callbacks.CommunicationMonitor()` - and
 nothing else. Each rank writes OUT.rank<R>.json: its history and final weights.
 --rows: the data set's size (the last global batch may leave a rank an empty
-slice); --custom-step: a keras.io-style `train_step` override (GradientTape,
-`compute_loss`, `optimizer.apply`, metrics); --clipnorm: Adam's clipnorm.
+slice); --custom-step: keras_patterns.py's keras.io-style `train_step`
+override (GradientTape, `compute_loss`, `optimizer.apply`, metrics);
+--clipnorm: Adam's clipnorm.
 """
 
 import argparse
@@ -23,29 +24,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
+from keras_patterns import ComputeLossModel  # noqa: E402  (the keras.io train_step; this directory)
 
 VOCABULARY, LENGTH, BATCH, EPOCHS = 500, 20, 32, 2
-
-
-class CustomStepClassifier(keras.Sequential):
-    """The keras.io "customizing what happens in fit" train_step."""
-
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
-        gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(gradients, self.trainable_variables)
-        for metric in self.metrics:
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(y, y_pred)
-        return {m.name: m.result() for m in self.metrics}
 
 
 def make_strategy(name, backend):
@@ -83,13 +66,12 @@ def main():
     strategy = make_strategy(args.strategy, args.backend)
     x, y = synthetic_reviews(args.rows)
     with strategy.scope():
-        model = (CustomStepClassifier if args.custom_step else keras.Sequential)([
-            keras.Input((LENGTH,), dtype="int32"),
-            keras.layers.Embedding(VOCABULARY, 16),
-            keras.layers.GlobalAveragePooling1D(),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(1, activation="sigmoid"),
-        ])
+        inputs = keras.Input((LENGTH,), dtype="int32")
+        embedded = keras.layers.Embedding(VOCABULARY, 16)(inputs)
+        hidden = keras.layers.GlobalAveragePooling1D()(embedded)
+        outputs = keras.layers.Dense(1, activation="sigmoid")(
+            keras.layers.Dense(64, activation="relu")(hidden))
+        model = (ComputeLossModel if args.custom_step else keras.Model)(inputs, outputs)
         model.compile(optimizer=keras.optimizers.Adam(1e-2, clipnorm=args.clipnorm),
                       loss="binary_crossentropy",
                       metrics=["accuracy"])
