@@ -48,6 +48,7 @@ from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, shard_global_batch
+from tfdist.strategies.step_sum import StepSum
 
 
 def _local_device(cluster):
@@ -82,7 +83,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._cluster.rank, self._cluster.world_size, self._aggregator.num_servers)
         if self._aggregator.communicates:
             self._aggregator.counters = self.communication_counters
-        self._local_state = LocalStateSync(self, self._all_reduce_sum)
+        self._local_state = LocalStateSync(self)
         self._any_rank_function = None
         # Asynchronous parameter server only: the servers apply the updates (`async_client`).
         self.remote_updates = None
@@ -183,10 +184,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
         Each rank's gradient (of a loss that is a mean over its slice) is
         weighted by its share of the global batch and summed over ranks:
-        dense tensors through the aggregator (compressed on the wire if
-        configured), `IndexedSlices` by gathering every rank's (index, value)
-        pairs in rank order - the pairs one process would produce for the
-        whole batch, so Keras' sparse optimizer updates match one process.
+        dense tensors through the aggregator (in one fused all-reduce with
+        the row count, `step_sum`; compressed on the wire if configured),
+        `IndexedSlices` by gathering every rank's (index, value) pairs in
+        rank order - the pairs one process would produce for the whole
+        batch, so Keras' sparse optimizer updates match one process.
         None stays None. `variables`: the variable of each gradient (handed
         to the aggregation hook with its gradient), or None.
         `weighted_in_loss`: the loss was already weighted by the share
@@ -197,6 +199,50 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         step = replica_step.current()
         if step is None:
             return list(gradients)
+        if self._compresses:
+            return self._compressed_gradients(step, gradients, variables, weighted_in_loss)
+        total = StepSum(step)
+        finish = self._add_gradients(total, gradients, variables, weighted_in_loss)
+        total.run(self._aggregator.all_reduce)
+        return finish()
+
+    def _add_gradients(self, total, gradients, variables, weighted_in_loss):
+        """Add the dense gradients to `total` (a `StepSum`); return `finish`.
+
+        `finish()`, called after `total.run`, gives the global gradients:
+        dense ones from the sum, sparse ones gathered (`_gather_slices`).
+        """
+        step = total.step
+        variables = list(variables) if variables is not None else [None] * len(gradients)
+        slots = {}
+        for position, (gradient, variable) in enumerate(zip(gradients, variables)):
+            if gradient is None or isinstance(gradient, tf.IndexedSlices):
+                continue
+            if weighted_in_loss:
+                slots[position] = total.add_sum(tf.math.multiply_no_nan(
+                    gradient, tf.cast(step.has_rows, gradient.dtype)), variable, is_gradient=True)
+            else:
+                slots[position] = total.add_share_weighted(gradient, variable, is_gradient=True)
+
+        def finish():
+            weight = ((lambda dtype: tf.cast(step.has_rows, dtype)) if weighted_in_loss
+                      else step.weight)
+            result = list(gradients)
+            for position, gradient in enumerate(gradients):
+                if position in slots:
+                    result[position] = total.result(slots[position])
+                elif isinstance(gradient, tf.IndexedSlices):
+                    result[position] = self._gather_slices(gradient, step, weight)
+            return result
+
+        return finish
+
+    @property
+    def _compresses(self):
+        return self._compression.name != NoCompression.name
+
+    def _compressed_gradients(self, step, gradients, variables, weighted_in_loss):
+        """Gradients compressed on the wire: share-weighted first (the step learns n first)."""
         weight = ((lambda dtype: tf.cast(step.has_rows, dtype)) if weighted_in_loss
                   else step.weight)
         result = list(gradients)
@@ -343,17 +389,61 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return self._synchronous_step(fn, args, kwargs)
 
     def _synchronous_step(self, fn, args, kwargs):
-        """A step of every rank together: slices weighted by share, state made global."""
-        step = self._begin_replica_step(args)
+        """A step of every rank together: slices weighted by share, state made global.
+
+        The step ends with one fused all-reduce (`_end_replica_step`). In
+        Keras' own `train_step`, which reads no variable after its update,
+        the optimizer update waits for it too (`ReplicaStep.defers_updates`),
+        so gradients, the row count and metric state travel in one
+        collective; a custom step's gradients are summed where it applies them.
+        """
+        model = keras_patches.model_of_step(fn)
+        step = self._begin_replica_step(args, model)
+        step.defers_updates = keras_patches.is_keras_train_step(fn) and not self._compresses
+
+        def step_then_sum(*step_args, **step_kwargs):
+            outputs = fn(*step_args, **step_kwargs)
+            return self._end_replica_step(fn, model, outputs, step)
+
         with replica_step.active(step):
             args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
             self._local_state.begin_step()
             try:
-                outputs = super()._call_for_each_replica(fn, args, kwargs)
+                return super()._call_for_each_replica(step_then_sum, args, kwargs)
             finally:
-                updates = self._local_state.end_step(step)
-            with tf.control_dependencies(updates):
-                return self._globalize_outputs(fn, outputs, step)
+                self._local_state.end_step()  # stop recording, also when tracing failed
+
+    def _end_replica_step(self, fn, model, outputs, step):
+        """Sum what the step must share in one all-reduce, then update and return global logs.
+
+        In the step's replica context: the deferred optimizer updates run
+        here, where Keras' own step would have run them.
+        """
+        assigned = self._local_state.end_step()
+        total = StepSum(step)
+        updates = step.take_deferred_updates()
+        finish_gradients = [self._add_gradients(total, u.gradients, u.variables,
+                                                u.weighted_in_loss) for u in updates]
+        state_slots = self._local_state.contribute(assigned, step, total)
+        raw_keys = (keras_patches.raw_log_keys(model, outputs)
+                    if model is not None and isinstance(outputs, dict) else [])
+        raw_slots = [total.add_share_weighted(outputs[key]) for key in raw_keys]
+        counters = self.communication_counters
+        exchange_slot = total.add_sum(counters.exchange_vector()) if counters.active else None
+        total.run(self._aggregator.all_reduce)
+        if exchange_slot is not None:
+            counters.absorb_exchange(total.result(exchange_slot))
+        applied = []
+        for update, finish in zip(updates, finish_gradients):
+            with step.aggregated_gradients():
+                applied.append(update.apply(finish()))
+        state_updates = self._local_state.assign(assigned, state_slots, total)
+        dependencies = state_updates + [op for op in tf.nest.flatten(applied)
+                                        if isinstance(op, (tf.Tensor, tf.Operation))]
+        with tf.control_dependencies(dependencies):
+            return self._globalize_outputs(
+                fn, model, outputs, step,
+                {key: total.result(slot) for key, slot in zip(raw_keys, raw_slots)})
 
     def _remote_train_step(self, fn, args, kwargs):
         """An asynchronous worker's train step: pull, compute, push (no collective).
@@ -416,37 +506,36 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         with tf.control_dependencies(pushed):
             return optimizer.iterations.assign_add(1)
 
-    def _begin_replica_step(self, args):
-        """This step's `ReplicaStep`: its rows and the global batch's (one small all-reduce).
+    def _begin_replica_step(self, args, model):
+        """This step's `ReplicaStep`: its rows; the global batch's when they are needed.
 
-        The all-reduce also carries every rank's communication time of the
-        previous step (`CommunicationCounters.exchange_vector`; zeros unless counted).
+        The global row count comes with the step's fused all-reduce
+        (`step_sum`), except when the model's optimizer scales its loss
+        (float16 loss scaling): the share then weights the loss before the
+        backward pass, and the rows are all-reduced first.
         """
         local_rows = batch_rows(args)
-        counters = self.communication_counters
-        # Through the aggregator: the step's only transport is the strategy's own algorithm.
-        rows, seconds = self._all_reduce_sum(
-            [tf.cast(tf.reshape(local_rows, [1]), tf.float32), counters.exchange_vector()])
-        counters.absorb_exchange(seconds)
-        return replica_step.ReplicaStep(local_rows, rows[0])
 
-    def _globalize_outputs(self, fn, outputs, step):
+        def count_global_rows():
+            # Through the aggregator: the step's only transport is the strategy's own algorithm.
+            return self._all_reduce_sum([tf.cast(tf.reshape(local_rows, [1]), tf.float32)])[0][0]
+
+        step = replica_step.ReplicaStep(local_rows, count_global_rows=count_global_rows)
+        if model is not None and keras_patches.scales_loss(model.optimizer):
+            step.learn_global_rows(count_global_rows())
+        return step
+
+    def _globalize_outputs(self, fn, model, outputs, step, summed_raw_logs):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
         if keras_patches.is_predict_step(fn):
             with tf.name_scope("tfdist/all_gather/predictions/"):
                 return tf.nest.map_structure(
                     lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
-        model = keras_patches.model_of_step(fn)
         if model is not None and isinstance(outputs, dict):
-            return keras_patches.global_step_logs(model, outputs, self._share_weighted_sum, step)
+            return keras_patches.global_step_logs(model, outputs, summed_raw_logs)
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
-
-    def _share_weighted_sum(self, values, step):
-        """sum over ranks of share * value, for per-slice float values (one all-reduce)."""
-        weighted = [tf.math.multiply_no_nan(v, step.weight(v.dtype)) for v in values]
-        return self._all_reduce_sum(weighted)
 
 
 def _shard_files(dataset, context):

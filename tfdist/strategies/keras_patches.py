@@ -410,39 +410,70 @@ def model_of_step(fn):
     return None
 
 
-def global_step_logs(model, outputs, share_weighted_sum, step):
-    """A train/test step's returned logs, made global and equal on every rank.
-
-    Read after tfdist made the metric state global: a key naming one of the
-    model's metrics (or one of their results, as `get_metrics_result()`
-    flattens them) is replaced by that metric's result, so a custom
-    `train_step` returning `{m.name: m.result() for m in self.metrics}` logs
-    global values. Any other float scalar (a raw loss the step computed over
-    its slice) becomes the share-weighted sum over ranks, i.e. its value over
-    the global batch when it is a mean over the slice. Other values are kept.
-    """
+def _metric_results(model):
     results = {}
     for metric in model.metrics:
         result = metric.result()
         results[metric.name] = result
         if isinstance(result, dict):
             results.update(result)
+    return results
+
+
+def raw_log_keys(model, outputs):
+    """The keys of a step's logs that are raw per-slice float scalars (not metric results).
+
+    A custom `train_step` may return a loss it computed over its slice;
+    its global value is the share-weighted sum over ranks.
+    """
+    metric_keys = _metric_results(model)
+    return [key for key, value in outputs.items() if key not in metric_keys
+            and isinstance(value, tf.Tensor) and value.dtype.is_floating
+            and value.shape.rank == 0]
+
+
+def global_step_logs(model, outputs, summed_raw_logs):
+    """A train/test step's returned logs, made global and equal on every rank.
+
+    Read after tfdist made the metric state global: a key naming one of the
+    model's metrics (or one of their results, as `get_metrics_result()`
+    flattens them) is replaced by that metric's result, so a custom
+    `train_step` returning `{m.name: m.result() for m in self.metrics}` logs
+    global values. The raw float scalars (`raw_log_keys`) are replaced by
+    their share-weighted sums over ranks, `summed_raw_logs`, i.e. their
+    value over the global batch when they are means over the slice. Other
+    values are kept.
+    """
+    results = _metric_results(model)
     logs = dict(outputs)
-    raw = [key for key, value in logs.items() if key not in results
-           and isinstance(value, tf.Tensor) and value.dtype.is_floating
-           and value.shape.rank == 0]
     for key in logs:
         if key in results:
             logs[key] = results[key]
-    if raw:
-        for key, value in zip(raw, share_weighted_sum([logs[k] for k in raw], step)):
-            logs[key] = value
+    logs.update(summed_raw_logs)
     return logs
 
 
 def is_train_step(fn):
     """True for a Keras model's `train_step` (the function `fit` runs per batch)."""
     return model_of_step(fn) is not None and _unwrap(fn).__name__ == "train_step"
+
+
+def is_keras_train_step(fn):
+    """True for Keras' own `train_step` (not overridden): it reads no variable after its update."""
+    model = model_of_step(fn)
+    return (model is not None and _unwrap(fn).__name__ == "train_step"
+            and type(model).train_step is keras_tf_trainer_module.TensorFlowTrainer.train_step)
+
+
+def scales_loss(optimizer):
+    """True if `optimizer.scale_loss` changes the loss (float16 loss scaling, a static factor).
+
+    Its gradients then carry the loss scale, whose overflow behaviour
+    depends on their magnitude: the share weights the loss itself
+    (`ReplicaStep.weight_loss`), as one process's global mean would.
+    """
+    return isinstance(optimizer, LossScaleOptimizer) or (
+        getattr(optimizer, "loss_scale_factor", None) is not None)
 
 
 def check_asynchronous_optimizer(optimizer):
@@ -589,6 +620,9 @@ def _install_gradient_aggregation():
     LossScaleOptimizer's finite check - all of which must see the whole
     batch's gradient to match one process. tfdist aggregates at the entry of
     the outermost `apply` and marks the step so the inner all-reduce is skipped.
+    In Keras' own `train_step` the whole `apply` waits for the end of the
+    step (`ReplicaStep.defers_updates`), where the gradients join the step's
+    one fused all-reduce.
     """
 
     def aggregating(original):
@@ -603,6 +637,13 @@ def _install_gradient_aggregation():
             if step.remote_parameter_set is not None:  # asynchronous: the servers apply
                 return strategy.extended.push_gradients(
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
+            if step.defers_updates:  # summed with the step's state at its end
+                step.defer_update(replica_step.DeferredUpdate(
+                    self, tuple(grads),
+                    tuple(variables) if len(variables) == len(grads) else None,
+                    step.loss_was_weighted_for(self),
+                    lambda global_grads: original(self, global_grads, trainable_variables)))
+                return None
             grads = strategy.extended.aggregate_gradients(
                 grads, variables=variables if len(variables) == len(grads) else None,
                 weighted_in_loss=step.loss_was_weighted_for(self))
@@ -615,7 +656,9 @@ def _install_gradient_aggregation():
         def scale_loss(self, loss):
             step = replica_step.current()
             loss = original(self, loss)
-            return loss if step is None else step.weight_loss(self, loss)
+            if step is None or not scales_loss(self):
+                return loss
+            return step.weight_loss(self, loss)
 
         return scale_loss
 

@@ -5,7 +5,8 @@ variables from its own shard of the batch: metric accumulators (Keras creates
 them `synchronization=ON_READ, aggregation=SUM`) and layer statistics such as
 BatchNormalization's moving mean. tfdist records which of them a step
 assigned and, when the step's replica function returns, makes them global in
-one fused all-reduce:
+the step's fused all-reduce (`step_sum.StepSum`, with the gradients when
+the update is deferred):
 
 * SUM-aggregated on-read variables (metrics): value = value before the step
   + sum over ranks of this step's change. Per-example state (counts,
@@ -23,9 +24,9 @@ A rank whose slice is empty (it ran on a stand-in row) contributes nothing.
 Integer variables that are not sums (random-seed states) stay local, so
 dropout masks still differ between ranks.
 
-Cost per step: one all-reduce of (number of scalars in the assigned
-variables) elements - a few bytes for metrics - whatever the number of
-metrics, plus one read per variable.
+Cost per step: (number of scalars in the assigned variables) elements -
+a few bytes for metrics - added to the step's fused all-reduce, whatever
+the number of metrics, plus one read per variable.
 """
 
 import threading
@@ -80,17 +81,15 @@ def sync_kind(variable):
 
 
 class LocalStateSync:
-    """Tracks local-state assignments during steps and all-reduces them after.
+    """Tracks local-state assignments during steps; makes them global in the step's sum.
 
     Args:
         extended: the strategy's extended object (assignments count only in
             its replica context).
-        all_reduce: callable summing a list of tensors across ranks.
     """
 
-    def __init__(self, extended, all_reduce):
+    def __init__(self, extended):
         self._extended = extended
-        self._all_reduce = all_reduce
         self._local = threading.local()
 
     def track(self, variable):
@@ -113,32 +112,38 @@ class LocalStateSync:
     def begin_step(self):
         self._local.step = {}
 
-    def end_step(self, replica_step):
-        """All-reduce what the step assigned; return the assign ops (may be empty).
+    def end_step(self):
+        """Stop recording; the step's assigned variables as [(variable, value before or None)]."""
+        step, self._local.step = getattr(self._local, "step", None), None
+        return list(step.values()) if step else []
 
-        `replica_step` (a `replica_step.ReplicaStep`) gives this rank's share
-        of the global batch and which metric variables were updated per batch.
+    @staticmethod
+    def contribute(assigned, replica_step, step_sum):
+        """Add what each assigned variable contributes to `step_sum`; return the slots.
+
+        `replica_step` (a `replica_step.ReplicaStep`) tells whether this
+        rank's slice has rows and which metric variables were updated per batch.
         """
-        step, self._local.step = self._local.step, None
-        if not step:
-            return []
-        variables, contributions = [], []
-        for variable, before in step.values():
+        slots = []
+        for variable, before in assigned:
             current = variable.read_value()
             if sync_kind(variable) == SUM:
                 change = current - before
                 if replica_step.is_batch_level(variable):
-                    weight = replica_step.weight(change.dtype)
+                    slots.append(step_sum.add_share_weighted(change))
                 else:
-                    weight = tf.cast(replica_step.has_rows, change.dtype)
-                contributions.append(tf.math.multiply_no_nan(change, weight))
+                    slots.append(step_sum.add_sum(tf.math.multiply_no_nan(
+                        change, tf.cast(replica_step.has_rows, change.dtype))))
             else:
-                contributions.append(
-                    tf.math.multiply_no_nan(current, replica_step.weight(current.dtype)))
-            variables.append((variable, before))
-        reduced = self._all_reduce(contributions)
+                slots.append(step_sum.add_share_weighted(current))
+        return slots
+
+    @staticmethod
+    def assign(assigned, slots, step_sum):
+        """Set each assigned variable to its global value (after `step_sum.run`); the ops."""
         updates = []
-        for (variable, before), total in zip(variables, reduced):
+        for (variable, before), slot in zip(assigned, slots):
+            total = step_sum.result(slot)
             new_value = before + total if before is not None else total
             updates.append(tf.raw_ops.AssignVariableOp(resource=variable.handle, value=new_value))
         return updates

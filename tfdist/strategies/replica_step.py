@@ -27,11 +27,20 @@ weighted by zero.
 `ReplicaStep` holds these facts for the step being traced; `current()` is
 the step of the calling thread (None outside a tfdist step).
 
-Cost: one all-reduce of a single scalar per step (the global row count),
-independent of the forward pass, so it overlaps with computation.
+The global row count n is known only after an all-reduce. tfdist does not
+spend a collective of its own on it: share-weighted values are contributed
+as n_r * value, next to n_r, to the step's fused all-reduce (`StepSum`),
+and divided by the summed n afterwards - sum_r n_r v_r / n = sum_r share_r v_r.
+Only what needs the share before that point (a loss weighted for float16
+loss scaling, a half-precision or compressed gradient) asks for n early
+(`ReplicaStep.global_rows`: one small all-reduce, made once per step).
+
+Cost: no collective of its own on the common path; n_r adds one float to
+the step's fused all-reduce.
 """
 
 import contextlib
+import dataclasses
 import threading
 
 import tensorflow as tf
@@ -44,24 +53,77 @@ class ReplicaStep:
 
     Attributes:
         local_rows: int32 scalar, rows of this rank's slice (n_r).
-        global_rows: float32 scalar, rows of the global batch (n).
-        share: float32 scalar, n_r / n (0 for an empty slice).
         has_rows: bool scalar, n_r > 0.
+        defers_updates: optimizer updates are deferred to the end of the
+            step, where their gradients join the step's fused all-reduce
+            (`defer_update`); set for Keras' own `train_step`, which reads
+            no variable after its update.
+
+    The global batch's rows (`global_rows`, float32 n) and this rank's
+    share n_r / n (`share`) are known once the step's fused all-reduce ran
+    (`learn_global_rows`); read earlier, they cost one small all-reduce
+    (`count_global_rows`).
     """
 
-    def __init__(self, local_rows, global_rows):
+    def __init__(self, local_rows, global_rows=None, count_global_rows=None):
         self.local_rows = local_rows
-        self.global_rows = global_rows
-        self.share = tf.math.divide_no_nan(tf.cast(local_rows, tf.float32), global_rows)
         self.has_rows = local_rows > 0
+        self._global_rows = global_rows
+        self._count_global_rows = count_global_rows
+        self._share = None
+        self._graph = tf.compat.v1.get_default_graph()
         self.gradients_aggregated = False
+        self.defers_updates = False
+        self._deferred_updates = []
         self.remote_parameter_set = None  # asynchronous PS: (set id, variables, servers)
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
 
+    @property
+    def rows_known(self):
+        """True once the global row count is a tensor of this step (no collective needed)."""
+        return self._global_rows is not None
+
+    @property
+    def global_rows(self):
+        """float32 scalar n, the global batch's rows (one small all-reduce if not known yet)."""
+        if self._global_rows is not None:
+            return self._global_rows
+        rows = self._count_global_rows()
+        if tf.compat.v1.get_default_graph() is self._graph:
+            self._global_rows = rows  # not inside a cond/loop branch: reusable for the step
+        return rows
+
+    def learn_global_rows(self, rows):
+        """The global row count, as summed by the step's fused all-reduce."""
+        if self._global_rows is None:
+            self._global_rows = rows
+
+    @property
+    def share(self):
+        """float32 scalar n_r / n (0 for an empty slice)."""
+        if self._share is not None:
+            return self._share
+        share = tf.math.divide_no_nan(tf.cast(self.local_rows, tf.float32), self.global_rows)
+        if self.rows_known:
+            self._share = share
+        return share
+
     def weight(self, dtype):
         """The share as `dtype` (to weight a per-slice value)."""
         return tf.cast(self.share, dtype)
+
+    def rows_weight(self, dtype):
+        """n_r as `dtype`: a per-slice mean times it is the slice's sum."""
+        return tf.cast(self.local_rows, dtype)
+
+    def defer_update(self, update):
+        """Run `update` (a `DeferredUpdate`) at the end of the step (see `defers_updates`)."""
+        self._deferred_updates.append(update)
+
+    def take_deferred_updates(self):
+        updates, self._deferred_updates = self._deferred_updates, []
+        return updates
 
     def note_batch_level_update(self, variables):
         """Mark metric variables updated with one value per batch in this step."""
@@ -72,12 +134,15 @@ class ReplicaStep:
         return id(variable) in self._batch_level_variables
 
     def weight_loss(self, optimizer, loss):
-        """`optimizer.scale_loss` in this step: weight the loss by the share.
+        """`optimizer.scale_loss` of an optimizer that scales losses: weight the loss by the share.
 
         Gradients of a loss weighted this way are per-example gradients
         divided by the *global* row count, as on one process, which keeps
-        mixed-precision loss scaling's overflow behaviour identical; the
-        optimizer's gradients then need no weighting at aggregation.
+        loss scaling's overflow behaviour identical (float16); the
+        optimizer's gradients then need no weighting at aggregation. It
+        needs the global row count before the backward pass (one small
+        all-reduce); other optimizers' gradients are weighted in the
+        step's fused all-reduce instead.
         """
         self._share_in_loss.add(id(optimizer))
         return tf.math.multiply_no_nan(loss, self.weight(loss.dtype))
@@ -93,6 +158,25 @@ class ReplicaStep:
             yield
         finally:
             self.gradients_aggregated = previous
+
+
+@dataclasses.dataclass(frozen=True)
+class DeferredUpdate:
+    """An optimizer update waiting for the end of the step (`ReplicaStep.defer_update`).
+
+    Attributes:
+        optimizer: the optimizer whose `apply` was called.
+        gradients: this rank's gradients (None, dense or IndexedSlices).
+        variables: the variable of each gradient, or None.
+        weighted_in_loss: the loss was weighted by the share (`weight_loss`).
+        apply: the optimizer's own `apply`, called with the global gradients.
+    """
+
+    optimizer: object
+    gradients: tuple
+    variables: tuple
+    weighted_in_loss: bool
+    apply: object
 
 
 def current():
