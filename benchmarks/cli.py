@@ -3,7 +3,7 @@
     tfdist-bench                      # everything
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
-                                      # anatomy
+                                      # anatomy, overlap, anchor
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, async_report, keras_patterns_report, large_batch,
-                        profiling_report)
+from benchmarks import (anatomy_report, anchor_report, async_report, keras_patterns_report,
+                        large_batch, overlap_report, profiling_report)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
@@ -211,7 +211,8 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "compression": run_compression, "tree": run_tree, "ps": run_ps,
          "large_batch": large_batch.run, "sparse": run_sparse, "async": async_report.run,
          "patterns": lambda tmp: keras_patterns_report.main([]),
-         "profiling": profiling_report.run, "anatomy": anatomy_report.run}
+         "profiling": profiling_report.run, "anatomy": anatomy_report.run,
+         "overlap": overlap_report.run, "anchor": anchor_report.run}
 
 
 def main(argv=None):

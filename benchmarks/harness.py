@@ -90,6 +90,9 @@ def write_result(name, result):
 def _step_timer_class():
     import keras  # pylint: disable=import-outside-toplevel
 
+    from tfdist.callbacks import agrees_across_ranks  # pylint: disable=import-outside-toplevel
+
+    @agrees_across_ranks  # it never stops training: no stop-flag exchange per batch
     class StepTimer(keras.callbacks.Callback):
         """Seconds of every train step (`times`) after the first epoch (compilation, warm-up).
 

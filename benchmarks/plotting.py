@@ -38,4 +38,11 @@ def plot_bus_bandwidth(rows, methods, title, filename):
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, filename), dpi=120)
+    save(fig, filename)
+
+
+def save(fig, filename, dpi=120):
+    """Write `fig` to benchmarks/results/`filename`."""
+    path = os.path.join(RESULTS, filename)
+    fig.savefig(path, dpi=dpi)
+    print(f"wrote {path}", flush=True)

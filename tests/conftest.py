@@ -16,7 +16,8 @@ def one_process_run(tmp_path_factory):
 
     One process trains the same way whatever the strategy (there is nothing
     to aggregate), so every equivalence test compares against the same run:
-    the strategy option is dropped from the cache key and from the launch.
+    the strategy and bucket options are dropped from the cache key and from
+    the launch.
     """
     cache = {}
 
@@ -30,9 +31,14 @@ def one_process_run(tmp_path_factory):
     return get
 
 
+AGGREGATION_OPTIONS = ("--strategy", "--bucket-bytes", "--first-bucket-bytes")
+
+
 def _without_strategy(options):
+    """The options without those that only choose how gradients are aggregated."""
     options = list(options)
-    if "--strategy" in options:
-        at = options.index("--strategy")
-        del options[at:at + 2]
+    for name in AGGREGATION_OPTIONS:
+        if name in options:
+            at = options.index(name)
+            del options[at:at + 2]
     return tuple(options)

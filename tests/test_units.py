@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.aggregation.compression import FP16Compression, get_compression
-from tfdist.aggregation.fusion import FusionPlan
+from tfdist.aggregation.fusion import FusionPlan, reverse_order_buckets
 from tfdist.strategies.sharding import shard_global_batch
 
 
@@ -28,6 +28,16 @@ def test_fusion_round_trip_groups_by_dtype_and_threshold():
 def test_fusion_default_threshold_is_one_bucket_per_dtype():
     tensors = [tf.ones([100, 100]) for _ in range(20)]
     assert len(FusionPlan(tensors).pack(tensors)) == 1
+
+
+def test_reverse_order_buckets_start_small_from_the_last_tensor():
+    # Layer order; the backward pass produces the last tensors first.
+    sizes = [400, 30, 3000, 50, 20, 10]
+    buckets = reverse_order_buckets(sizes, bucket_bytes=1000, first_bucket_bytes=64)
+    # first bucket <= 64 B: [10, 20]; then <= 1000 B: [50]; 3000 B alone; [30, 400]
+    assert buckets == [[5, 4], [3], [2], [1, 0]]
+    assert sorted(p for b in buckets for p in b) == list(range(len(sizes)))
+    assert reverse_order_buckets(sizes, 10**6) == [[5, 4, 3, 2, 1, 0]]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

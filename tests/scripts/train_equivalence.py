@@ -2,6 +2,7 @@
 
 Usage: python train_equivalence.py OUT [--configs adam,sgd_shuffle,adam_tfdata]
                                         [--strategy ring|tree|ps --fanouts 2,3]
+                                        [--bucket-bytes B --first-bucket-bytes F]
 Every rank writes OUT.rank<R>.npz (weights, history, evaluate and predict
 results per configuration, keys "<config>/<name>"; for the tree, one run per
 fanout in the same processes, keys "fanout<k>/<config>/<name>") so tests can
@@ -89,18 +90,27 @@ def main():
     parser.add_argument("--compression", default=None)
     parser.add_argument("--strategy", choices=["ring", "tree", "ps"], default="ring")
     parser.add_argument("--fanouts", default="2", help="tree fanouts, one training each")
+    parser.add_argument("--bucket-bytes", type=int, default=None,
+                        help="ring/tree gradient bucket size (fusion_threshold_bytes)")
+    parser.add_argument("--first-bucket-bytes", type=int, default=None)
     args = parser.parse_args()
 
+    buckets = {}
+    if args.bucket_bytes is not None:
+        buckets["fusion_threshold_bytes"] = args.bucket_bytes
+    if args.first_bucket_bytes is not None:
+        buckets["first_bucket_bytes"] = args.first_bucket_bytes
     if args.strategy == "ring":
-        strategies = {"": tfdist.strategies.RingAllReduceStrategy(backend=args.backend,
-                                                                  compression=args.compression)}
+        strategies = {"": tfdist.strategies.RingAllReduceStrategy(
+            backend=args.backend, compression=args.compression, **buckets)}
         if strategies[""].is_chief:
             print("backend", strategies[""].backend, flush=True)
     elif args.strategy == "ps":
         strategies = {"": tfdist.strategies.ParameterServerStrategy(compression=args.compression)}
     else:
         strategies = {f"fanout{k}/": tfdist.strategies.ReductionTreeStrategy(
-            fanout=int(k), compression=args.compression) for k in args.fanouts.split(",")}
+            fanout=int(k), compression=args.compression, **buckets)
+            for k in args.fanouts.split(",")}
     arrays = {}
     for prefix, strategy in strategies.items():
         for name in args.configs.split(","):
@@ -109,6 +119,9 @@ def main():
             arrays.update({f"{prefix}{name}/{k}": v for k, v in result.items()})
             print(prefix + name, "loss", [round(float(a), 5) for a in result["h_loss"]],
                   flush=True)
+        gradients = [tf.zeros(v.shape, v.dtype) for v in build_model("sgd").trainable_variables]
+        print(prefix + "gradient buckets per step:",
+              len(strategy.extended.aggregator.bucket_positions(gradients)), flush=True)
     np.savez(f"{args.out}.rank{strategy.rank}.npz", **arrays)
 
 

@@ -31,6 +31,8 @@ import threading
 
 import tensorflow as tf
 
+from tfdist.aggregation.fusion import reverse_order_buckets
+
 GRADIENTS = "gradients"
 STATE = "state"  # metric state, layer statistics, row counts, stop flags
 
@@ -59,6 +61,13 @@ class Bucket:
         return sum(t.shape.num_elements() * t.dtype.size for t in self.tensors)
 
 
+def positive_bytes(name, value):
+    """`value` as a positive int, or a ValueError naming the setting."""
+    if int(value) < 1:
+        raise ValueError(f"{name} must be a positive number of bytes. Got: {value!r}")
+    return int(value)
+
+
 class Aggregator(abc.ABC):
     """A gradient-aggregation algorithm (communication hook); see the module docstring.
 
@@ -70,6 +79,10 @@ class Aggregator(abc.ABC):
     name = "abstract"
     communicates = True
     num_servers = 0  # parameter servers the algorithm sends to (counted per server)
+    # Reverse-order buckets (`bucket_positions`): largest bucket and first bucket, in
+    # bytes; None: one bucket per call.
+    bucket_bytes = None
+    first_bucket_bytes = None
 
     def __init__(self):
         self._bucket_numbers = itertools.count()
@@ -78,7 +91,7 @@ class Aggregator(abc.ABC):
         self.counters = None
 
     def all_reduce(self, tensors, variables=None, kind=STATE):
-        """Sum `tensors` across ranks: one new bucket (see `reduce_bucket`).
+        """Sum `tensors` across ranks: one new bucket per group of `bucket_positions`.
 
         Args:
             tensors: list of tensors of static shape.
@@ -87,15 +100,39 @@ class Aggregator(abc.ABC):
         """
         if not tensors:
             return []
-        with self._bucket_lock:
-            index = next(self._bucket_numbers)
         variables = tuple(variables) if variables is not None else (None,) * len(tensors)
-        bucket = Bucket(index, tuple(tensors), variables, kind)
+        results = [None] * len(tensors)
+        for positions in self.bucket_positions(tensors):
+            with self._bucket_lock:
+                index = next(self._bucket_numbers)
+            bucket = Bucket(index, tuple(tensors[p] for p in positions),
+                            tuple(variables[p] for p in positions), kind)
+            for position, total in zip(positions, self._reduce_named(bucket)):
+                results[position] = total
+        return results
+
+    def _reduce_named(self, bucket):
         with tf.name_scope(self.scope_name(bucket)):
             if self.counters is None:
                 return list(self.reduce_bucket(bucket))
             return list(self.counters.timed(bucket.tensors, lambda: self.reduce_bucket(bucket),
                                             bucket.num_bytes, self.sent_bytes(bucket.num_bytes)))
+
+    def bucket_positions(self, tensors):
+        """Which of `tensors` are reduced together, bucket by bucket, in issue order.
+
+        With `bucket_bytes` set: reverse-order buckets
+        (`fusion.reverse_order_buckets`), so that the gradients of the last
+        layers, which the backward pass produces first, are summed while the
+        earlier layers' gradients are still computing; each bucket is its
+        own collective, issued as soon as its tensors exist. Without: all
+        tensors in one bucket.
+        """
+        if self.bucket_bytes is None:
+            return [list(range(len(tensors)))]
+        return reverse_order_buckets(
+            [t.shape.num_elements() * t.dtype.size for t in tensors],
+            self.bucket_bytes, self.first_bucket_bytes)
 
     def scope_name(self, bucket):
         """The absolute name scope of `bucket`'s ops: `tfdist/<algorithm>/<kind>_<index>/`."""

@@ -13,6 +13,9 @@ for (number of tensors - number of buckets) fewer collective latencies.
 import tensorflow as tf
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+# Reverse-order gradient buckets (`reverse_order_buckets`): PyTorch DDP's defaults.
+DEFAULT_GRADIENT_BUCKET_BYTES = 25 * 1024 * 1024
+DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 class FusionPlan:
@@ -65,3 +68,32 @@ def near_equal_sizes(num_elements, count):
 def split_flat(flat, sizes):
     """`flat` cut into consecutive pieces of `sizes` elements."""
     return tf.split(flat, sizes) if len(sizes) > 1 else [flat]
+
+
+def reverse_order_buckets(sizes, bucket_bytes, first_bucket_bytes=None):
+    """Positions of tensors of `sizes` bytes grouped into buckets, last tensor first.
+
+    Gradients are listed in layer order, and the backward pass produces them
+    in reverse: walking the list backwards, each bucket takes tensors until
+    the next one would overflow `bucket_bytes` (`first_bucket_bytes` for the
+    first bucket, which is sent while most of the backward pass is still to
+    run; a tensor larger than the limit gets a bucket of its own). Buckets
+    are returned in the order they are issued (PyTorch DDP's reverse-order
+    buckets with a small first bucket). Every rank computes the same
+    partition from the same sizes.
+
+    Cost: one collective latency per bucket; in exchange each bucket's
+    all-reduce can start as soon as its gradients exist, while the
+    backward pass of earlier layers is still computing.
+    """
+    buckets, current, used = [], [], 0
+    limit = first_bucket_bytes if first_bucket_bytes is not None else bucket_bytes
+    for position in reversed(range(len(sizes))):
+        if current and used + sizes[position] > limit:
+            buckets.append(current)
+            current, used, limit = [], 0, bucket_bytes
+        current.append(position)
+        used += sizes[position]
+    if current:
+        buckets.append(current)
+    return buckets

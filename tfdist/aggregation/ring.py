@@ -1,16 +1,21 @@
 """Ring all-reduce, on TensorFlow's collective ops or on Horovod."""
 
-from tfdist.aggregation.base import Aggregator
-from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES, FusionPlan
+from tfdist.aggregation.base import Aggregator, positive_bytes
+from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES,
+                                      FusionPlan)
 
 
 class RingAllReduceAggregator(Aggregator):
     """Fused ring all-reduce (TensorFlow `CollectiveReduceV2` or Horovod/Gloo).
 
-    Algorithm: tensors are fused into buckets of at most `bucket_bytes` -
-    by `tfdist.aggregation.fusion` for TensorFlow's collectives, by the
-    engine itself (one grouped all-reduce) when it fuses (Horovod); each
-    bucket is all-reduced with the bandwidth-optimal ring
+    Algorithm: tensors are grouped into reverse-order buckets of at most
+    `bucket_bytes` (`first_bucket_bytes` for the first;
+    `Aggregator.bucket_positions`), each issued as soon as its tensors
+    exist, so inside a compiled step the last layers' gradients are summed
+    while the backward pass still computes the first layers'. A bucket is
+    fused into one buffer per dtype by `tfdist.aggregation.fusion` for
+    TensorFlow's collectives, by the engine itself (one grouped all-reduce)
+    when it fuses (Horovod), and all-reduced with the bandwidth-optimal ring
     (Patarasuk & Yuan 2009): a reduce-scatter of P - 1 steps followed by an
     all-gather of P - 1 steps, each step moving n / P bytes to the next rank.
 
@@ -23,16 +28,20 @@ class RingAllReduceAggregator(Aggregator):
 
     Args:
         communicator: a `tfdist.comm` communicator (TF collectives or Horovod).
-        bucket_bytes: fusion threshold: largest fused buffer, in bytes (for
-            Horovod it was given to the engine when it started).
+        bucket_bytes: largest bucket (fused buffer), in bytes (for Horovod
+            it was given to the engine when it started).
+        first_bucket_bytes: largest first bucket, in bytes (small: it is
+            sent while most of the backward pass is still to run).
     """
 
     name = "ring"
 
-    def __init__(self, communicator, bucket_bytes=DEFAULT_BUCKET_BYTES):
+    def __init__(self, communicator, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
+                 first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
         super().__init__()
         self.communicator = communicator
-        self.bucket_bytes = int(bucket_bytes)
+        self.bucket_bytes = positive_bytes("bucket_bytes", bucket_bytes)
+        self.first_bucket_bytes = positive_bytes("first_bucket_bytes", first_bucket_bytes)
 
     def reduce_bucket(self, bucket):
         tensors = list(bucket.tensors)

@@ -4,9 +4,9 @@ import math
 
 import tensorflow as tf
 
-from tfdist.aggregation.base import Aggregator
-from tfdist.aggregation.fusion import (DEFAULT_BUCKET_BYTES, FusionPlan, near_equal_sizes,
-                                      split_flat)
+from tfdist.aggregation.base import Aggregator, positive_bytes
+from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES,
+                                      FusionPlan, near_equal_sizes, split_flat)
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 _UP, _DOWN = 0, 1
@@ -87,13 +87,16 @@ class ReductionTreeAggregator(Aggregator):
             transfers (TensorFlow's collectives).
         fanout: children per node, >= 2.
         chunk_bytes: pipeline chunk size in bytes.
-        bucket_bytes: fusion threshold (largest fused buffer) in bytes.
+        bucket_bytes: largest bucket (fused buffer) in bytes; buckets are
+            issued in reverse order as the ring's (`RingAllReduceAggregator`).
+        first_bucket_bytes: largest first bucket, in bytes.
     """
 
     name = "tree"
 
     def __init__(self, communicator, fanout=2, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES):
+                 bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
+                 first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
         if int(chunk_bytes) < 1:
             raise ValueError(f"chunk_bytes must be a positive number of bytes. Got: {chunk_bytes!r}")
         if not communicator.supports_point_to_point:
@@ -106,7 +109,8 @@ class ReductionTreeAggregator(Aggregator):
         self.communicator = communicator
         self.tree = KaryTree(communicator.world_size, fanout)
         self.chunk_bytes = int(chunk_bytes)
-        self.bucket_bytes = int(bucket_bytes)
+        self.bucket_bytes = positive_bytes("bucket_bytes", bucket_bytes)
+        self.first_bucket_bytes = positive_bytes("first_bucket_bytes", first_bucket_bytes)
 
     def reduce_bucket(self, bucket):
         tensors = list(bucket.tensors)

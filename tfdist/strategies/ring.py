@@ -3,7 +3,7 @@
 from absl import logging
 
 from tfdist import runtime
-from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES
+from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
 from tfdist.strategies.data_parallel import DataParallelStrategy
@@ -30,9 +30,10 @@ class RingAllReduceStrategy(DataParallelStrategy):
     """Synchronous data parallelism with ring all-reduce of the gradients.
 
     Each step, every process computes gradients on its slice of the global
-    batch; the gradients are fused into buckets and summed with a ring
-    all-reduce, so every process applies the same update as a single process
-    on the whole batch. Cost per bucket of n bytes over P processes:
+    batch; the gradients are fused into reverse-order buckets, each summed
+    with a ring all-reduce as soon as the backward pass has produced it, so
+    every process applies the same update as a single process on the whole
+    batch. Cost per bucket of n bytes over P processes:
     2 (P - 1) alpha + 2 (P - 1) / P n beta (see `RingAllReduceAggregator`).
 
     Args:
@@ -40,8 +41,10 @@ class RingAllReduceStrategy(DataParallelStrategy):
             "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun or
             `tfdist-run --horovod`), or "auto": Horovod when it is installed
             and the process was started by horovodrun, else "collective".
-        fusion_threshold_bytes: largest fused gradient buffer (default 64 MiB);
-            for Horovod, its HOROVOD_FUSION_THRESHOLD.
+        fusion_threshold_bytes: largest gradient bucket, i.e. fused buffer
+            (default 25 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
+        first_bucket_bytes: largest first bucket (default 1 MiB): the last
+            layers' gradients, summed while the backward pass goes on.
         compression: None or "fp16": float gradients travel as float16 and
             are cast back after the sum (half the bytes; see
             `tfdist.aggregation.compression` for the precision guarantee).
@@ -58,15 +61,15 @@ class RingAllReduceStrategy(DataParallelStrategy):
     ```
     """
 
-    def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_BUCKET_BYTES,
-                 compression=None):
+    def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
+                 compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
         self.backend = resolve_backend(backend)
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
                           if self.backend == "horovod" else {})
         super().__init__(
-            lambda communicator: RingAllReduceAggregator(communicator,
-                                                         self.fusion_threshold_bytes),
+            lambda communicator: RingAllReduceAggregator(
+                communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
         )
         if self.is_chief and backend == "auto":

@@ -1,6 +1,6 @@
 """`ReductionTreeStrategy`: gradients summed up a k-ary tree and sent back down."""
 
-from tfdist.aggregation.fusion import DEFAULT_BUCKET_BYTES
+from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.tree import (DEFAULT_CHUNK_BYTES, ReductionTreeAggregator,
                                     validate_fanout)
 from tfdist.strategies.data_parallel import DataParallelStrategy
@@ -24,7 +24,10 @@ class ReductionTreeStrategy(DataParallelStrategy):
     Args:
         fanout: children per tree node (k >= 2).
         chunk_bytes: size of the pipelined chunks (default 4 MiB).
-        fusion_threshold_bytes: largest fused gradient buffer (default 64 MiB).
+        fusion_threshold_bytes: largest gradient bucket (default 25 MiB);
+            buckets are issued in reverse layer order, as the backward pass
+            produces them (see `RingAllReduceStrategy`).
+        first_bucket_bytes: largest first bucket (default 1 MiB).
         compression: None or "fp16" (see `RingAllReduceStrategy`).
 
     Example:
@@ -39,10 +42,12 @@ class ReductionTreeStrategy(DataParallelStrategy):
     """
 
     def __init__(self, fanout=2, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 fusion_threshold_bytes=DEFAULT_BUCKET_BYTES, compression=None):
+                 fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES, compression=None,
+                 first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
         self.fanout = validate_fanout(fanout)
         super().__init__(
             lambda communicator: ReductionTreeAggregator(
-                communicator, fanout, chunk_bytes, fusion_threshold_bytes),
+                communicator, fanout, chunk_bytes, fusion_threshold_bytes,
+                first_bucket_bytes),
             engine="collective", compression=compression,
         )
