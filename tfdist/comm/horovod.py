@@ -58,6 +58,9 @@ def horovod_available():
     return True
 
 
+DEFAULT_CYCLE_TIME_MS = "0.1"  # unless HOROVOD_CYCLE_TIME (horovodrun --cycle-time-ms) is set
+
+
 class HorovodCommunicator(Communicator):
     """The `Communicator` on Horovod's collectives (no point-to-point transfers).
 
@@ -84,6 +87,10 @@ class HorovodCommunicator(Communicator):
             defaults = {
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self.timeout)),
                 "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(self.timeout)),
+                # The background thread's wake-up period (Horovod's default: 1 ms) is
+                # latency every step pays: 0.1 ms took a tiny all-reduce from 1.1 to
+                # 0.45 ms and the digits step from 8.8 to 6.3-7.2 ms (2 processes, 2 CPUs).
+                "HOROVOD_CYCLE_TIME": DEFAULT_CYCLE_TIME_MS,
             }
             if os.environ.get(profile_request.PROFILE_DIR_ENV):
                 defaults["HOROVOD_TIMELINE"] = "DYNAMIC"  # started when the profile starts
