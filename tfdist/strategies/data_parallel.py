@@ -220,13 +220,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 continue
             if weighted_in_loss:
                 slots[position] = total.add_sum(tf.math.multiply_no_nan(
-                    gradient, tf.cast(step.has_rows, gradient.dtype)), variable, is_gradient=True)
+                    gradient, _has_rows_weight(step, gradient.dtype)), variable, is_gradient=True)
             else:
                 slots[position] = total.add_share_weighted(gradient, variable, is_gradient=True)
 
         def finish():
-            weight = ((lambda dtype: tf.cast(step.has_rows, dtype)) if weighted_in_loss
-                      else step.weight)
+            weight = _gradient_weight(step, weighted_in_loss)
             result = list(gradients)
             for position, gradient in enumerate(gradients):
                 if position in slots:
@@ -243,8 +242,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def _compressed_gradients(self, step, gradients, variables, weighted_in_loss):
         """Gradients compressed on the wire: share-weighted first (the step learns n first)."""
-        weight = ((lambda dtype: tf.cast(step.has_rows, dtype)) if weighted_in_loss
-                  else step.weight)
+        weight = _gradient_weight(step, weighted_in_loss)
         result = list(gradients)
         variables = list(variables) if variables is not None else [None] * len(result)
         dense_positions, dense = [], []
@@ -429,7 +427,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                     if model is not None and isinstance(outputs, dict) else [])
         raw_slots = [total.add_share_weighted(outputs[key]) for key in raw_keys]
         counters = self.communication_counters
-        exchange_slot = total.add_sum(counters.exchange_vector()) if counters.active else None
+        # A train step carries the counters' exchange (zeros unless counted: same shape on
+        # every rank, whichever ranks measure).
+        exchange_slot = (total.add_sum(counters.exchange_vector())
+                         if keras_patches.is_train_step(fn) else None)
         total.run(self._aggregator.all_reduce)
         if exchange_slot is not None:
             counters.absorb_exchange(total.result(exchange_slot))
@@ -493,9 +494,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             if gradient is None:
                 gradient = tf.zeros(variable.shape, variable.dtype)
             gradient = tf.convert_to_tensor(gradient)  # IndexedSlices: dense on the wire
-            weight = (tf.cast(step.has_rows, gradient.dtype) if weighted_in_loss
-                      else step.weight(gradient.dtype))
-            grads.append(tf.math.multiply_no_nan(gradient, weight))
+            grads.append(tf.math.multiply_no_nan(
+                gradient, _gradient_weight(step, weighted_in_loss)(gradient.dtype)))
         counters = self.communication_counters
         by_server = bytes_by_server(set_variables, servers, counters.num_servers)
         counters.count_server_bytes(by_server)
@@ -536,6 +536,18 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
+
+
+def _has_rows_weight(step, dtype):
+    return tf.cast(step.has_rows, dtype)
+
+
+def _gradient_weight(step, weighted_in_loss):
+    """dtype -> weight of this rank's gradients: its share, or only whether it has rows
+    when its loss already carried the share (`ReplicaStep.weight_loss`)."""
+    if weighted_in_loss:
+        return lambda dtype: _has_rows_weight(step, dtype)
+    return step.weight
 
 
 def _shard_files(dataset, context):

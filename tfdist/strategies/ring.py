@@ -42,7 +42,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
             `tfdist-run --horovod`), or "auto": Horovod when it is installed
             and the process was started by horovodrun, else "collective".
         fusion_threshold_bytes: largest gradient bucket, i.e. fused buffer
-            (default 25 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
+            (default 4 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
         first_bucket_bytes: largest first bucket (default 1 MiB): the last
             layers' gradients, summed while the backward pass goes on.
         compression: None or "fp16": float gradients travel as float16 and

@@ -24,7 +24,7 @@ class ReductionTreeStrategy(DataParallelStrategy):
     Args:
         fanout: children per tree node (k >= 2).
         chunk_bytes: size of the pipelined chunks (default 4 MiB).
-        fusion_threshold_bytes: largest gradient bucket (default 25 MiB);
+        fusion_threshold_bytes: largest gradient bucket (default 4 MiB);
             buckets are issued in reverse layer order, as the backward pass
             produces them (see `RingAllReduceStrategy`).
         first_bucket_bytes: largest first bucket (default 1 MiB).
