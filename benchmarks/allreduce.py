@@ -46,8 +46,18 @@ def make_methods(communicator):
 
 
 def time_interleaved(methods, nbytes, rounds):
-    """Median seconds per call of each method; methods alternate within every round
+    """Seconds of every call of each method; methods alternate within every round
     (in rotating order) so that machine noise hits all of them alike."""
+    return {name: [end - start for start, end in spans]
+            for name, spans in spans_interleaved(methods, nbytes, rounds).items()}
+
+
+def spans_interleaved(methods, nbytes, rounds, before_each=None):
+    """(start, end) of every call of each method on this process's monotonic clock
+    (`time.perf_counter`, shared by the processes of one machine), interleaved as in
+    `time_interleaved`, after two warm-up calls of each. `before_each`, if given, runs
+    untimed before every timed call (e.g. a barrier: every process enters each call
+    together, so that none does part of the work before the others arrive)."""
     compiled = {}
     for name, (fn, pieces) in methods.items():
         tensors = [tf.ones([nbytes // 4 // pieces]) for _ in range(pieces)]
@@ -56,15 +66,17 @@ def time_interleaved(methods, nbytes, rounds):
             function(tensors)[0].numpy()
         compiled[name] = (function, tensors)
     names = list(compiled)
-    times = {name: [] for name in names}
+    spans = {name: [] for name in names}
     for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             function, tensors = compiled[name]
-            t0 = time.perf_counter()
+            if before_each is not None:
+                before_each()
+            start = time.perf_counter()
             function(tensors)[0].numpy()
-            times[name].append(time.perf_counter() - t0)
-    return times
+            spans[name].append((start, time.perf_counter()))
+    return spans
 
 
 def measure(methods, nbytes, world):

@@ -32,13 +32,13 @@ import tensorflow as tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist import _tf  # noqa: E402
 from tfdist.comm.tf_collective import WORLD_GROUP_KEY  # noqa: E402
 from harness import StepTimer  # noqa: E402  (this directory, run as a script)
-from overlap_step import PER_PROCESS_BATCH, STEPS_PER_EPOCH, build_model  # noqa: E402
+from overlap_step import (PER_PROCESS_BATCH, build_model, compiled_model,  # noqa: E402
+                          synthetic_data)
 
 ROUNDS = 5  # the first round of each (tracing, warm-up) is discarded
 
@@ -82,14 +82,8 @@ def main():
     world, rank = strategy.world_size, strategy.rank
     keras.utils.set_random_seed(0)
     global_batch = PER_PROCESS_BATCH * world
-    n = global_batch * STEPS_PER_EPOCH
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(n, 28, 28, 1)).astype("float32")
-    y = rng.integers(0, 10, size=n).astype("int32")
-    with strategy.scope():
-        model = build_model()
-        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = synthetic_data(world)
+    model = compiled_model(strategy)
     anchor_model = build_model()
     step = anchor_step_function(anchor_model, keras.optimizers.SGD(0.01, momentum=0.9),
                                 fused_sum(backend, strategy.extended.communicator), world)

@@ -3,7 +3,9 @@
     tfdist-bench                      # everything
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
-                                      # anatomy, overlap, anchor
+                                      # anatomy, overlap, anchor, emulated
+    tfdist-bench --only emulated      # root only, never in the default run: one network
+                                      # namespace per process, shaped links (~20 min)
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -17,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, anchor_report, async_report, keras_patterns_report,
-                        large_batch, overlap_report, profiling_report)
+from benchmarks import (anatomy_report, anchor_report, async_report, emulated_cluster,
+                        keras_patterns_report, large_batch, overlap_report, profiling_report)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
@@ -212,13 +214,16 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "large_batch": large_batch.run, "sparse": run_sparse, "async": async_report.run,
          "patterns": lambda tmp: keras_patterns_report.main([]),
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,
-         "overlap": overlap_report.run, "anchor": anchor_report.run}
+         "overlap": overlap_report.run, "anchor": anchor_report.run,
+         "emulated": emulated_cluster.run}
+NOT_BY_DEFAULT = ("emulated",)  # needs root and network namespaces: only when named
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="tfdist-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=",".join(PARTS),
-                        help=f"comma-separated parts to run: {', '.join(PARTS)}")
+    parser.add_argument("--only", default=",".join(p for p in PARTS if p not in NOT_BY_DEFAULT),
+                        help=f"comma-separated parts to run: {', '.join(PARTS)} "
+                             f"({', '.join(NOT_BY_DEFAULT)} only when named)")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]

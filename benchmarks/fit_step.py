@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 from harness import StepTimer  # noqa: E402  (this directory, run as a script)
+from overlap_step import build_model  # noqa: E402
 
 EPOCHS = 3
 STEPS_PER_EPOCH = 15
@@ -41,15 +42,7 @@ def main():
     x = rng.normal(size=(n, 28, 28, 1)).astype("float32")
     y = rng.integers(0, 10, size=n).astype("int32")
     with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(32, 3, activation="relu"),
-            keras.layers.Conv2D(64, 3, activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ])
+        model = build_model(dense_units=128)
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = StepTimer()

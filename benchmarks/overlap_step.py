@@ -21,9 +21,6 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
-
-tf.config.threading.set_intra_op_parallelism_threads(1)
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -35,17 +32,34 @@ STEPS_PER_EPOCH = 12
 PER_PROCESS_BATCH = 64
 
 
-def build_model():
-    """Conv 32, conv 64 (the computation), dense 9216 -> 512 (the bytes), dense 10."""
+def build_model(dense_units=512):
+    """Conv 32, conv 64 (the computation), dense 9216 -> `dense_units` (the bytes), dense 10."""
     return keras.Sequential([
         keras.Input((28, 28, 1)),
         keras.layers.Conv2D(32, 3, activation="relu"),
         keras.layers.Conv2D(64, 3, activation="relu"),
         keras.layers.MaxPooling2D(2),
         keras.layers.Flatten(),
-        keras.layers.Dense(512, activation="relu"),
+        keras.layers.Dense(dense_units, activation="relu"),
         keras.layers.Dense(10),
     ])
+
+
+def synthetic_data(world):
+    """Images and labels: STEPS_PER_EPOCH global batches of PER_PROCESS_BATCH rows per process."""
+    n = PER_PROCESS_BATCH * world * STEPS_PER_EPOCH
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(n, 28, 28, 1)).astype("float32"),
+            rng.integers(0, 10, size=n).astype("int32"))
+
+
+def compiled_model(strategy):
+    """`build_model()` under `strategy`, compiled with SGD + momentum."""
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
 
 def make_strategy(name, bucket_bytes, first_bucket_bytes):
@@ -63,20 +77,14 @@ def make_strategy(name, bucket_bytes, first_bucket_bytes):
 
 def main():
     out, name = sys.argv[1], sys.argv[2]
+    tf.config.threading.set_intra_op_parallelism_threads(1)  # before the runtime starts
     strategy = make_strategy(name, int(sys.argv[3]), int(sys.argv[4]))
     world = strategy.num_replicas_in_sync
     keras.utils.set_random_seed(0)
-    global_batch = PER_PROCESS_BATCH * world
-    n = global_batch * STEPS_PER_EPOCH
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(n, 28, 28, 1)).astype("float32")
-    y = rng.integers(0, 10, size=n).astype("int32")
-    with strategy.scope():
-        model = build_model()
-        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = synthetic_data(world)
+    model = compiled_model(strategy)
     timer = StepTimer()
-    model.fit(x, y, batch_size=global_batch, epochs=EPOCHS, verbose=0, callbacks=[timer])
+    model.fit(x, y, batch_size=PER_PROCESS_BATCH * world, epochs=EPOCHS, verbose=0, callbacks=[timer])
     if getattr(strategy, "is_chief", True):
         result = {
             "strategy": name, "processes": world, "per_process_batch": PER_PROCESS_BATCH,

@@ -1,0 +1,151 @@
+"""`tfdist.aggregation.recommend`: the cost model's choice of algorithm (no processes)."""
+
+import dataclasses
+
+import keras
+import pytest
+
+import tfdist
+from tfdist.aggregation import recommend
+from tfdist.aggregation.cost_model import predict_all_reduce_seconds
+from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES
+from tfdist.aggregation.recommend import Recommendation, search_space
+
+GBIT = 1e9
+
+
+def test_large_gradients_on_a_fast_network_take_the_ring():
+    pick = recommend(100e6, processes=8, bandwidth=10 * GBIT, latency=50e-6)
+    assert isinstance(pick, Recommendation)
+    assert (pick.algorithm, pick.options) == ("ring", {})
+    assert pick.predicted_seconds == pytest.approx(
+        predict_all_reduce_seconds("ring", 100e6, 8, 50e-6, 8 / (10 * GBIT)))
+    assert (pick.n_bytes, pick.processes, pick.bandwidth, pick.latency) == (
+        100_000_000, 8, 10 * GBIT, 50e-6)
+
+
+def test_alternatives_are_every_candidate_ranked_with_the_pick_first():
+    pick = recommend(4 << 20, processes=6, bandwidth=GBIT, latency=1e-4)
+    seconds = [c.predicted_seconds for c in pick.alternatives]
+    assert seconds == sorted(seconds)
+    assert len(pick.alternatives) == len(search_space(4 << 20, 6))
+    first = pick.alternatives[0]
+    assert (first.algorithm, first.options, first.predicted_seconds) == (
+        pick.algorithm, pick.options, pick.predicted_seconds)
+    for candidate in pick.alternatives:
+        assert candidate.predicted_seconds == pytest.approx(predict_all_reduce_seconds(
+            candidate.algorithm, 4 << 20, 6, 1e-4, 8 / GBIT, **candidate.options))
+
+
+def test_small_gradients_with_high_latency_avoid_the_rings_many_messages():
+    # 2 (P - 1) = 30 latencies for the ring; the servers need 2 each.
+    pick = recommend(4096, processes=16, bandwidth=10 * GBIT, latency=1e-3)
+    assert pick.algorithm == "ps" and pick.options["num_servers"] == 16
+    ring = next(c for c in pick.alternatives if c.algorithm == "ring")
+    assert ring.predicted_seconds > 10 * pick.predicted_seconds
+
+
+def test_bandwidth_is_in_bits_per_second_and_latency_in_seconds():
+    slow = recommend(8e6, processes=4, bandwidth=GBIT, latency=0.0, candidates=[("ring", {})])
+    fast = recommend(8e6, processes=4, bandwidth=2 * GBIT, latency=0.0,
+                     candidates=[("ring", {})])
+    # 2 (P - 1) / P n bytes at 1 Gbit/s = 125 MB/s: 1.5 * 8e6 / 125e6 s.
+    assert slow.predicted_seconds == pytest.approx(1.5 * 8e6 * 8 / GBIT)
+    assert fast.predicted_seconds == pytest.approx(slow.predicted_seconds / 2)
+    delayed = recommend(8e6, processes=4, bandwidth=GBIT, latency=1e-3,
+                        candidates=[("ring", {})])
+    assert delayed.predicted_seconds - slow.predicted_seconds == pytest.approx(6e-3)
+
+
+def test_the_search_covers_fanouts_chunks_servers_and_pieces():
+    pairs = search_space(3 << 20, 5)
+    trees = [o for a, o in pairs if a == "tree"]
+    assert {o["fanout"] for o in trees} == {2, 3, 4}
+    chunks = {o["chunk_bytes"] for o in trees}
+    assert min(chunks) == 64 << 10 and max(chunks) >= 3 << 20
+    servers = [o for a, o in pairs if a == "ps"]
+    assert {o["num_servers"] for o in servers} == {1, 2, 3, 4, 5}
+    assert {o["piece_bytes"] for o in servers} >= {DEFAULT_PIECE_BYTES}
+    assert search_space(100, 2).count(("ring", {})) == 1
+    assert {o["fanout"] for a, o in search_space(100, 2) if a == "tree"} == {2}
+
+
+def test_without_latency_the_tree_pipelines_in_the_smallest_chunks():
+    pick = recommend(64 << 20, processes=8, bandwidth=GBIT, latency=0.0,
+                     candidates=[(a, o) for a, o in search_space(64 << 20, 8) if a == "tree"])
+    assert pick.options["chunk_bytes"] == 64 << 10
+
+
+def test_on_a_tie_the_default_settings_win():
+    # n / K fits in one piece of any size: every piece size costs the same.
+    pick = recommend(256 << 10, processes=4, bandwidth=GBIT, latency=1e-3,
+                     candidates=[(a, o) for a, o in search_space(256 << 10, 4) if a == "ps"])
+    assert pick.options["piece_bytes"] == DEFAULT_PIECE_BYTES
+
+
+def test_candidates_restrict_the_choice():
+    only = [("tree", {"fanout": 2}), ("ps", {"num_servers": 1})]
+    pick = recommend(1 << 20, processes=4, bandwidth=GBIT, latency=1e-4, candidates=only)
+    assert [(c.algorithm, c.options) for c in pick.alternatives] == sorted(
+        only, key=lambda pair: predict_all_reduce_seconds(pair[0], 1 << 20, 4, 1e-4, 8 / GBIT,
+                                                          **pair[1]))
+
+
+def test_a_keras_model_counts_its_trainable_variables_only():
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(10),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+    # Dense 5x10 + 10, BatchNormalization gamma + beta (moving statistics are not
+    # trained), Dense 10x3 + 3: float32.
+    expected = 4 * (5 * 10 + 10 + 2 * 10 + 10 * 3 + 3)
+    assert recommend(model, processes=2, bandwidth=GBIT, latency=1e-4).n_bytes == expected
+
+
+def test_the_recommendation_is_frozen():
+    pick = recommend(1 << 20, processes=4, bandwidth=GBIT, latency=1e-4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pick.algorithm = "ring"
+
+
+@pytest.mark.parametrize("algorithm,options,class_name", [
+    ("ring", {}, "RingAllReduceStrategy"),
+    ("tree", {"fanout": 3, "chunk_bytes": 1 << 20}, "ReductionTreeStrategy"),
+    ("ps", {"num_servers": 2, "piece_bytes": DEFAULT_PIECE_BYTES}, "ParameterServerStrategy"),
+])
+def test_strategy_builds_the_recommended_strategy(monkeypatch, algorithm, options, class_name):
+    built = []
+    monkeypatch.setattr(tfdist.strategies, class_name,
+                        lambda **kwargs: built.append(kwargs) or "strategy")
+    pick = recommend(1 << 20, processes=4, bandwidth=GBIT, latency=1e-4,
+                     candidates=[(algorithm, options)])
+    assert pick.strategy(compression="fp16") == "strategy"
+    assert built == [dict(options, compression="fp16")]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"model_or_bytes": 0}, "model_or_bytes must be a Keras model or a positive number of "
+                            "bytes. Got: 0"),
+    ({"model_or_bytes": -5}, "model_or_bytes must be .* Got: -5"),
+    ({"model_or_bytes": "1MB"}, "model_or_bytes must be .* Got: '1MB'"),
+    ({"model_or_bytes": True}, "model_or_bytes must be .* Got: True"),
+    ({"processes": 1}, r"processes must be an integer >= 2. Got: 1"),
+    ({"processes": 2.5}, r"processes must be an integer >= 2. Got: 2.5"),
+    ({"processes": True}, r"processes must be an integer >= 2. Got: True"),
+    ({"bandwidth": 0}, r"bandwidth must be a number > 0. Got: 0"),
+    ({"bandwidth": "10G"}, r"bandwidth must be a number > 0. Got: '10G'"),
+    ({"bandwidth": float("inf")}, r"bandwidth must be a number > 0. Got: inf"),
+    ({"latency": -1e-3}, r"latency must be a number >= 0. Got: -0.001"),
+    ({"latency": float("nan")}, r"latency must be a number >= 0. Got: nan"),
+    ({"candidates": []}, "candidates must list at least one"),
+    ({"candidates": [("butterfly", {})]}, "algorithm must be one of"),
+])
+def test_bad_inputs_are_clear_errors(kwargs, message):
+    arguments = dict(model_or_bytes=1 << 20, processes=4, bandwidth=GBIT, latency=1e-4)
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        recommend(**arguments)
+
+
+def test_an_unbuilt_model_is_a_clear_error():
+    model = keras.Sequential([keras.layers.Dense(3)])
+    with pytest.raises(ValueError, match="no trainable variables"):
+        recommend(model, processes=2, bandwidth=GBIT, latency=1e-4)
