@@ -7,13 +7,16 @@ training step: the communications inside the compiled step (tfdist's
 communication counters: every all-reduce, gather, push or pull), the eager
 exchanges between steps (the stop-flag all-reduce Keras' loop triggers),
 the Python callbacks Keras calls around every step (batch hooks that are not
-the base class's no-ops), and the time: wall time per step (epochs 2-4) and
-the counters' communication time and share. The per-step fixed cost of
+the base class's no-ops), and the time: wall time per step (epochs 2-4,
+epoch boundaries included), the median step (Keras' batch begin to batch
+end: one call of the train function) and the counters' communication time
+and share. The per-step fixed cost of
 distribution, in numbers (issue: cut it).
 """
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -43,6 +46,7 @@ class Anatomy(keras.callbacks.Callback):
         self.report = CommunicationReport(strategy) if strategy.world_size > 1 else None
         self.exchanges = 0
         self.steps, self.start, self.result = 0, None, {}
+        self.step_seconds, self.step_start = [], None
         extended = strategy.extended
         any_rank = extended.any_rank
 
@@ -62,9 +66,13 @@ class Anatomy(keras.callbacks.Callback):
                 self.report.take()
             self.start = time.perf_counter()
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.step_start = time.perf_counter()
+
     def on_train_batch_end(self, batch, logs=None):
         if self.start is not None:
             self.steps += 1
+            self.step_seconds.append(time.perf_counter() - self.step_start)
 
     def on_train_end(self, logs=None):
         seconds = time.perf_counter() - self.start
@@ -72,6 +80,7 @@ class Anatomy(keras.callbacks.Callback):
         counters = (self.strategy.extended.communication_counters.snapshot()
                     if self.report is not None else None)
         self.result = {"ms_per_step": 1e3 * seconds / self.steps, "steps": self.steps,
+                       "median_step_ms": 1e3 * statistics.median(self.step_seconds),
                        "eager_exchanges_per_step": self.exchanges / self.steps,
                        "communication": communication,
                        "in_step_communications_per_step": (counters.calls / counters.steps
