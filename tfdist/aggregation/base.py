@@ -12,6 +12,11 @@ index or its variables. Each algorithm also owns its alpha-beta cost model
 algorithm, used by `tfdist.aggregation.cost_model` and the benchmarks, and
 the bytes each rank sends (`sent_bytes`).
 
+An algorithm that sets `bucket_bytes` gets one `all_reduce` call cut into
+reverse-order buckets (`Aggregator.bucket_positions`): separate collectives,
+last tensor first, so a compiled step sums its last layers' gradients while
+the backward pass still computes the first layers'.
+
 Every bucket is reduced under the name scope `tfdist/<algorithm>/<kind>_<index>`
 (so its ops show by that name in the profiler's trace viewer and in the
 merged timeline, `tfdist.launch.timeline`) and, while a training step is
