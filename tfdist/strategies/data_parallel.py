@@ -220,12 +220,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 continue
             if weighted_in_loss:
                 slots[position] = total.add_sum(tf.math.multiply_no_nan(
-                    gradient, _has_rows_weight(step, gradient.dtype)), variable, is_gradient=True)
+                    gradient, step.has_rows_weight(gradient.dtype)), variable, is_gradient=True)
             else:
                 slots[position] = total.add_share_weighted(gradient, variable, is_gradient=True)
 
         def finish():
-            weight = _gradient_weight(step, weighted_in_loss)
+            weight = step.gradient_weight(weighted_in_loss)
             result = list(gradients)
             for position, gradient in enumerate(gradients):
                 if position in slots:
@@ -242,7 +242,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def _compressed_gradients(self, step, gradients, variables, weighted_in_loss):
         """Gradients compressed on the wire: share-weighted first (the step learns n first)."""
-        weight = _gradient_weight(step, weighted_in_loss)
+        weight = step.gradient_weight(weighted_in_loss)
         result = list(gradients)
         variables = list(variables) if variables is not None else [None] * len(result)
         dense_positions, dense = [], []
@@ -495,7 +495,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 gradient = tf.zeros(variable.shape, variable.dtype)
             gradient = tf.convert_to_tensor(gradient)  # IndexedSlices: dense on the wire
             grads.append(tf.math.multiply_no_nan(
-                gradient, _gradient_weight(step, weighted_in_loss)(gradient.dtype)))
+                gradient, step.gradient_weight(weighted_in_loss)(gradient.dtype)))
         counters = self.communication_counters
         by_server = bytes_by_server(set_variables, servers, counters.num_servers)
         counters.count_server_bytes(by_server)
@@ -536,18 +536,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
-
-
-def _has_rows_weight(step, dtype):
-    return tf.cast(step.has_rows, dtype)
-
-
-def _gradient_weight(step, weighted_in_loss):
-    """dtype -> weight of this rank's gradients: its share, or only whether it has rows
-    when its loss already carried the share (`ReplicaStep.weight_loss`)."""
-    if weighted_in_loss:
-        return lambda dtype: _has_rows_weight(step, dtype)
-    return step.weight
 
 
 def _shard_files(dataset, context):

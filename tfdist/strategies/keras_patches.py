@@ -460,9 +460,8 @@ def is_train_step(fn):
 
 def is_keras_train_step(fn):
     """True for Keras' own `train_step` (not overridden): it reads no variable after its update."""
-    model = model_of_step(fn)
-    return (model is not None and _unwrap(fn).__name__ == "train_step"
-            and type(model).train_step is keras_tf_trainer_module.TensorFlowTrainer.train_step)
+    return is_train_step(fn) and (type(model_of_step(fn)).train_step
+                                  is keras_tf_trainer_module.TensorFlowTrainer.train_step)
 
 
 def scales_loss(optimizer):
@@ -639,7 +638,7 @@ def _install_gradient_aggregation():
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
             if step.defers_updates:  # summed with the step's state at its end
                 step.defer_update(replica_step.DeferredUpdate(
-                    self, tuple(grads),
+                    tuple(grads),
                     tuple(variables) if len(variables) == len(grads) else None,
                     step.loss_was_weighted_for(self),
                     lambda global_grads: original(self, global_grads, trainable_variables)))

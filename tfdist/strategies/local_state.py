@@ -133,7 +133,7 @@ class LocalStateSync:
                     slots.append(step_sum.add_share_weighted(change))
                 else:
                     slots.append(step_sum.add_sum(tf.math.multiply_no_nan(
-                        change, tf.cast(replica_step.has_rows, change.dtype))))
+                        change, replica_step.has_rows_weight(change.dtype))))
             else:
                 slots.append(step_sum.add_share_weighted(current))
         return slots

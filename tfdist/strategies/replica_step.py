@@ -113,6 +113,15 @@ class ReplicaStep:
         """The share as `dtype` (to weight a per-slice value)."""
         return tf.cast(self.share, dtype)
 
+    def has_rows_weight(self, dtype):
+        """1 if this rank's slice has rows, else 0, as `dtype` (an empty slice counts nothing)."""
+        return tf.cast(self.has_rows, dtype)
+
+    def gradient_weight(self, weighted_in_loss):
+        """dtype -> the weight of this rank's gradients: its share, or only `has_rows_weight`
+        when its loss already carried the share (`weight_loss`)."""
+        return self.has_rows_weight if weighted_in_loss else self.weight
+
     def rows_weight(self, dtype):
         """n_r as `dtype`: a per-slice mean times it is the slice's sum."""
         return tf.cast(self.local_rows, dtype)
@@ -165,14 +174,12 @@ class DeferredUpdate:
     """An optimizer update waiting for the end of the step (`ReplicaStep.defer_update`).
 
     Attributes:
-        optimizer: the optimizer whose `apply` was called.
         gradients: this rank's gradients (None, dense or IndexedSlices).
         variables: the variable of each gradient, or None.
         weighted_in_loss: the loss was weighted by the share (`weight_loss`).
         apply: the optimizer's own `apply`, called with the global gradients.
     """
 
-    optimizer: object
     gradients: tuple
     variables: tuple
     weighted_in_loss: bool

@@ -45,9 +45,6 @@ class StepSum:
         self._has_gradients = False
         self._results = None
 
-    def __len__(self):
-        return len(self._tensors)
-
     def _add(self, tensor, variable, divide_by_rows):
         self._tensors.append(tensor)
         self._variables.append(variable)
