@@ -12,7 +12,6 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.eager import context
-from tensorflow.python.framework import random_seed
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -80,8 +79,17 @@ def abort_collectives(code, message):
 
 
 def global_seed_is_set():
-    """True when the user set a TensorFlow global seed (`tf.random.set_seed`)."""
-    return random_seed.get_seed(None)[0] is not None
+    """True when the user set a TensorFlow global seed (`tf.random.set_seed`).
+
+    Read without `random_seed.get_seed`, which would draw an op seed: the next
+    unseeded random op (a user's `Dataset.shuffle`) would then get another
+    seed than in the same script without tfdist.
+    """
+    if context.executing_eagerly():
+        return context.global_seed() is not None
+    from tensorflow.python.framework import ops
+
+    return ops.get_default_graph().seed is not None
 
 
 def static_batch_size(dataset):

@@ -128,11 +128,19 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         communicator = self._communicator
 
         def from_rank_zero():
-            value = initial_value() if callable(initial_value) else initial_value
-            value = getattr(value, "wrapped_value", value)  # CheckpointInitialValue
-            value = tf.convert_to_tensor(value, dtype=dtype)
+            # A variable created inside a tf.function (an optimizer's slots built by the first
+            # `apply_gradients` in `strategy.run`) is initialized by calling this in the
+            # function's graph; an initializer callable is evaluated eagerly instead, so the
+            # broadcast (eager, once, when every rank traces the function) can use its value.
             with tf.init_scope():
-                return self._checked_broadcast(communicator, value, name)
+                value = initial_value() if callable(initial_value) else initial_value
+                value = getattr(value, "wrapped_value", value)  # CheckpointInitialValue
+                if not tf.is_symbolic_tensor(value):
+                    return self._checked_broadcast(
+                        communicator, tf.convert_to_tensor(value, dtype=dtype), name)
+            # A tensor of the function being traced: broadcast inside it.
+            return self._checked_broadcast(communicator, tf.convert_to_tensor(value, dtype=dtype),
+                                           name)
 
         return from_rank_zero
 
@@ -398,13 +406,18 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         model = keras_patches.model_of_step(fn)
         step = self._begin_replica_step(args, model)
         step.defers_updates = keras_patches.is_keras_train_step(fn) and not self._compresses
+        # A user's own function (a custom loop's `strategy.run(train_step)`) scales its
+        # loss itself, as MultiWorkerMirroredStrategy's contract has it, and sees its slice
+        # as it is, empty or not; Keras' steps compute per-slice means that tfdist weights.
+        step.scaled_by_user = model is None and not keras_patches.is_predict_step(fn)
 
         def step_then_sum(*step_args, **step_kwargs):
             outputs = fn(*step_args, **step_kwargs)
             return self._end_replica_step(fn, model, outputs, step)
 
         with replica_step.active(step):
-            args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
+            if not step.scaled_by_user:
+                args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
             self._local_state.begin_step()
             try:
                 return super()._call_for_each_replica(step_then_sum, args, kwargs)

@@ -655,7 +655,7 @@ def _install_gradient_aggregation():
         def scale_loss(self, loss):
             step = replica_step.current()
             loss = original(self, loss)
-            if step is None or not scales_loss(self):
+            if step is None or step.scaled_by_user or not scales_loss(self):
                 return loss
             return step.weight_loss(self, loss)
 

@@ -58,6 +58,11 @@ class ReplicaStep:
             step, where their gradients join the step's fused all-reduce
             (`defer_update`); set for Keras' own `train_step`, which reads
             no variable after its update.
+        scaled_by_user: the step is a user's own function run by
+            `strategy.run` (a custom training loop), whose loss is scaled by
+            the user for the global batch (`tf.nn.compute_average_loss(...,
+            global_batch_size=...)`, MultiWorkerMirroredStrategy's contract):
+            its gradients are summed as they are (an empty slice's zeroed).
 
     The global batch's rows (`global_rows`, float32 n) and this rank's
     share n_r / n (`share`) are known once the step's fused all-reduce ran
@@ -74,6 +79,7 @@ class ReplicaStep:
         self._graph = tf.compat.v1.get_default_graph()
         self.gradients_aggregated = False
         self.defers_updates = False
+        self.scaled_by_user = False
         self._deferred_updates = []
         self.remote_parameter_set = None  # asynchronous PS: (set id, variables, servers)
         self._batch_level_variables = {}
@@ -157,7 +163,8 @@ class ReplicaStep:
         return tf.math.multiply_no_nan(loss, self.weight(loss.dtype))
 
     def loss_was_weighted_for(self, optimizer):
-        return id(optimizer) in self._share_in_loss
+        """True if the gradients `optimizer` applies need no share weighting."""
+        return self.scaled_by_user or id(optimizer) in self._share_in_loss
 
     @contextlib.contextmanager
     def aggregated_gradients(self):
