@@ -107,3 +107,20 @@ def auto_shard_dataset(dataset, input_context):
         dataset, input_context.num_input_pipelines, input_context.input_pipeline_id,
         input_context.num_replicas_in_sync,
     )
+
+
+def wrap_checkpoint_writes(wrapper):
+    """Route every `tf.train.Checkpoint` file write through `wrapper(write, checkpoint, prefix, options)`.
+
+    `Checkpoint.save` and `Checkpoint.write` (and `tf.train.CheckpointManager`)
+    all write through the private `Checkpoint._write`, which also updates the
+    directory's `checkpoint` state file for `save`.
+    """
+    from tensorflow.python.checkpoint import checkpoint as checkpoint_module
+
+    write = checkpoint_module.Checkpoint._write  # pylint: disable=protected-access
+
+    def _write(self, file_prefix, options=None):
+        return wrapper(write, self, file_prefix, options)
+
+    checkpoint_module.Checkpoint._write = _write  # pylint: disable=protected-access

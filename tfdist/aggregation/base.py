@@ -63,7 +63,41 @@ class Bucket:
 
     @property
     def num_bytes(self):
-        return sum(t.shape.num_elements() * t.dtype.size for t in self.tensors)
+        return sum(static_bytes(t) for t in self.tensors)
+
+
+def static_bytes(tensor):
+    """Bytes of `tensor` from its static shape (0 while its shape is not fully known)."""
+    elements = tensor.shape.num_elements()
+    return 0 if elements is None else elements * tensor.dtype.size
+
+
+def with_static_shape(tensor, variable=None):
+    """`tensor` with a fully known static shape where one is known.
+
+    Inside a traced step a gradient's static shape can be less known than its
+    variable's: a `Dense` kernel applied to a 3-D tensor gets a gradient of
+    static shape (None, units). A gradient has its variable's shape, so it is
+    given that shape (a reshape: no copy, no runtime cost).
+    """
+    if tensor.shape.is_fully_defined() or variable is None:
+        return tensor
+    shape = tf.TensorShape(variable.shape)
+    if not shape.is_fully_defined():
+        return tensor
+    return tf.reshape(tensor, shape)
+
+
+def require_static_shapes(bucket, algorithm):
+    """A clear error if a tensor of `bucket` has no fully known static shape (`algorithm`
+    cuts buffers into pieces of static sizes)."""
+    for position, tensor in enumerate(bucket.tensors):
+        if not tensor.shape.is_fully_defined():
+            raise ValueError(
+                f"tfdist {algorithm}: the sum of a tensor of shape {tensor.shape} "
+                f"({tensor.name if hasattr(tensor, 'name') else 'tensor'} at position {position}"
+                f" of {bucket.kind} bucket {bucket.index}) needs a static shape; give it one "
+                "(tf.ensure_shape) or use RingAllReduceStrategy, which sums tensors of any shape.")
 
 
 def positive_bytes(name, value):
@@ -99,13 +133,15 @@ class Aggregator(abc.ABC):
         """Sum `tensors` across ranks: one new bucket per group of `bucket_positions`.
 
         Args:
-            tensors: list of tensors of static shape.
+            tensors: list of tensors (a gradient of a less known static shape
+                than its variable's gets the variable's, `with_static_shape`).
             variables: the variable of each tensor (None: not gradients).
             kind: `GRADIENTS` or `STATE`.
         """
         if not tensors:
             return []
         variables = tuple(variables) if variables is not None else (None,) * len(tensors)
+        tensors = [with_static_shape(t, v) for t, v in zip(tensors, variables)]
         results = [None] * len(tensors)
         for positions in self.bucket_positions(tensors):
             with self._bucket_lock:
@@ -136,7 +172,7 @@ class Aggregator(abc.ABC):
         if self.bucket_bytes is None:
             return [list(range(len(tensors)))]
         return reverse_order_buckets(
-            [t.shape.num_elements() * t.dtype.size for t in tensors],
+            [static_bytes(t) for t in tensors],
             self.bucket_bytes, self.first_bucket_bytes)
 
     def scope_name(self, bucket):

@@ -4,7 +4,8 @@ Per-collective latency dominates for the many small gradients of a model, so
 aggregators all-reduce a handful of fused buffers instead of one tensor per
 variable (Horovod's "tensor fusion", PyTorch DDP's "buckets"). Tensors are
 grouped by dtype, in order, into buckets of at most `bucket_bytes` (a single
-larger tensor forms a bucket of its own).
+larger tensor forms a bucket of its own, as does a tensor whose static shape
+is not fully known).
 
 Cost: one concat and one split per bucket (memory traffic 2n), in exchange
 for (number of tensors - number of buckets) fewer collective latencies.
@@ -30,9 +31,9 @@ class FusionPlan:
         for index, tensor in enumerate(tensors):
             size = tensor.shape.num_elements()
             if size is None:
-                raise ValueError(
-                    f"tfdist fusion needs static shapes; tensor {index} has shape {tensor.shape}."
-                )
+                # Not fused: a buffer of its own, its shape read when the step runs.
+                self.buckets.append((tensor.dtype, [(index, tf.shape(tensor), None)]))
+                continue
             nbytes = size * tensor.dtype.size
             entries, used = open_bucket.get(tensor.dtype, (None, 0))
             if entries is None or used + nbytes > bucket_bytes:

@@ -4,7 +4,7 @@ import math
 
 import tensorflow as tf
 
-from tfdist.aggregation.base import Aggregator, positive_bytes
+from tfdist.aggregation.base import Aggregator, positive_bytes, require_static_shapes
 from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES,
                                       FusionPlan, near_equal_sizes, split_flat)
 
@@ -116,6 +116,7 @@ class ReductionTreeAggregator(Aggregator):
         tensors = list(bucket.tensors)
         if self.tree.depth == 0:
             return tensors
+        require_static_shapes(bucket, "reduction tree")
         plan = FusionPlan(tensors, self.bucket_bytes)
         return plan.unpack([self._reduce_flat(flat) for flat in plan.pack(tensors)])
 

@@ -25,6 +25,9 @@ import json
 import os
 
 import tensorflow as tf
+from absl import logging
+
+from tfdist import _tf
 
 
 def _is_local(path):
@@ -132,3 +135,33 @@ def save_backup(model, paths, previous_paths, training_state):
         for temporary in (weights_temporary, metadata_temporary):
             if os.path.exists(temporary):
                 os.remove(temporary)
+
+
+_chief_only_checkpoints = [False]
+
+
+def install_chief_only_checkpoint_writes(is_chief):
+    """`tf.train.Checkpoint` writes files on the chief only (once per process).
+
+    In a multi-process job every rank runs the same custom loop, so every
+    rank calls `checkpoint.save(prefix)` with the same prefix; TensorFlow's
+    writers of one checkpoint from several processes share temporary names
+    and fail or tear each other's files. As `Model.save` does, the chief
+    writes and the other ranks write nothing: their save counter still
+    counts, and `save`/`write` return the path the chief writes. A rank
+    reads the chief's file safely after any later collective (the next
+    step) or barrier, which orders it after the write.
+    """
+    if _chief_only_checkpoints[0]:
+        return
+    _chief_only_checkpoints[0] = True
+    if is_chief:
+        return
+
+    def chief_only(write, checkpoint, file_prefix, options):
+        del write, checkpoint, options
+        logging.log_first_n(logging.INFO, "tfdist: tf.train.Checkpoint writes skipped on "
+                            "non-chief rank (the chief writes them)", 1)
+        return file_prefix
+
+    _tf.wrap_checkpoint_writes(chief_only)

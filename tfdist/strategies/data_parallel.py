@@ -36,18 +36,19 @@ from absl import logging
 
 from tfdist import _tf
 from tfdist import runtime
-from tfdist.aggregation.base import GRADIENTS, STATE
+from tfdist.aggregation.base import GRADIENTS, STATE, with_static_shape
 from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.aggregation.counters import CommunicationCounters
 from tfdist.aggregation.parameter_server.async_client import bytes_by_server, variable_bytes
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_patches
+from tfdist.strategies.checkpoint_files import install_chief_only_checkpoint_writes
 from tfdist.strategies import replica_step
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
-from tfdist.strategies.sharding import batch_rows, shard_global_batch
+from tfdist.strategies.sharding import batch_rows, leading_rows, shard_global_batch
 from tfdist.strategies.step_sum import StepSum
 
 
@@ -84,6 +85,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         if self._aggregator.communicates:
             self._aggregator.counters = self.communication_counters
         self._local_state = LocalStateSync(self)
+        self._cluster_resolver = _cluster_resolver(self._cluster)
         self._any_rank_function = None
         # Asynchronous parameter server only: the servers apply the updates (`async_client`).
         self.remote_updates = None
@@ -382,7 +384,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         if self._one_process or replica_step.current() is not None:
             # One process, or a merge_call inside a step (LossScaleOptimizer's
             # apply) returning to the replica: part of the step being traced.
-            return super()._call_for_each_replica(fn, args, kwargs)
+            return self._in_replica_context(fn, args, kwargs)
         training = keras_patches.is_train_step(fn)
         with (self.communication_counters.recording() if training
               else contextlib.nullcontext()):
@@ -391,8 +393,28 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                     return self._remote_train_step(fn, args, kwargs)
                 # Asynchronous evaluate/predict: every rank runs every global batch on the
                 # servers' parameters, alone (no collective a dead worker could block).
-                return super()._call_for_each_replica(fn, args, kwargs)
+                return self._in_replica_context(fn, args, kwargs)
             return self._synchronous_step(fn, args, kwargs)
+
+    def _in_replica_context(self, fn, args, kwargs):
+        """`fn` in this process's replica context, numbered as MultiWorkerMirroredStrategy does.
+
+        `tf.distribute.get_replica_context().replica_id_in_sync_group` is
+        this process's rank (a custom loop may seed or shard by it).
+        """
+        with tf.device(self._device), _tf.ReplicaContext(
+                self._container_strategy(), replica_id_in_sync_group=self._cluster.rank):
+            return fn(*args, **kwargs)
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        del replica_id_in_sync_group
+        return 0  # one replica per process
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        """`value_fn(ValueContext)` for this process's replica (its rank of the world size)."""
+        return value_fn(tf.distribute.experimental.ValueContext(
+            replica_id_in_sync_group=self._cluster.rank,
+            num_replicas_in_sync=self._cluster.world_size))
 
     def _synchronous_step(self, fn, args, kwargs):
         """A step of every rank together: slices weighted by share, state made global.
@@ -404,12 +426,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         collective; a custom step's gradients are summed where it applies them.
         """
         model = keras_patches.model_of_step(fn)
-        step = self._begin_replica_step(args, model)
-        step.defers_updates = keras_patches.is_keras_train_step(fn) and not self._compresses
         # A user's own function (a custom loop's `strategy.run(train_step)`) scales its
         # loss itself, as MultiWorkerMirroredStrategy's contract has it, and sees its slice
         # as it is, empty or not; Keras' steps compute per-slice means that tfdist weights.
-        step.scaled_by_user = model is None and not keras_patches.is_predict_step(fn)
+        scaled_by_user = model is None and not keras_patches.is_predict_step(fn)
+        step = self._begin_replica_step(args, model, scaled_by_user)
+        step.defers_updates = keras_patches.is_keras_train_step(fn) and not self._compresses
 
         def step_then_sum(*step_args, **step_kwargs):
             outputs = fn(*step_args, **step_kwargs)
@@ -420,7 +442,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
             self._local_state.begin_step()
             try:
-                return super()._call_for_each_replica(step_then_sum, args, kwargs)
+                return self._in_replica_context(step_then_sum, args, kwargs)
             finally:
                 self._local_state.end_step()  # stop recording, also when tracing failed
 
@@ -485,7 +507,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         step.remote_parameter_set = parameter_set
         with replica_step.active(step), tf.control_dependencies(pulls):
             args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
-            return super()._call_for_each_replica(fn, args, kwargs)
+            return self._in_replica_context(fn, args, kwargs)
 
     def push_gradients(self, optimizer, gradients, variables, weighted_in_loss):
         """Inside an asynchronous train step: send the gradients to the servers.
@@ -506,7 +528,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             gradient = by_variable.get(id(variable))
             if gradient is None:
                 gradient = tf.zeros(variable.shape, variable.dtype)
-            gradient = tf.convert_to_tensor(gradient)  # IndexedSlices: dense on the wire
+            gradient = with_static_shape(tf.convert_to_tensor(gradient),  # IndexedSlices: dense
+                                         variable)
             grads.append(tf.math.multiply_no_nan(
                 gradient, step.gradient_weight(weighted_in_loss)(gradient.dtype)))
         counters = self.communication_counters
@@ -519,21 +542,28 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         with tf.control_dependencies(pushed):
             return optimizer.iterations.assign_add(1)
 
-    def _begin_replica_step(self, args, model):
+    def _begin_replica_step(self, args, model, scaled_by_user=False):
         """This step's `ReplicaStep`: its rows; the global batch's when they are needed.
 
         The global row count comes with the step's fused all-reduce
         (`step_sum`), except when the model's optimizer scales its loss
         (float16 loss scaling): the share then weights the loss before the
-        backward pass, and the rows are all-reduced first.
+        backward pass, and the rows are all-reduced first. A user's function
+        (`scaled_by_user`) may take no batch at all: it then counts one row.
         """
-        local_rows = batch_rows(args)
+        if scaled_by_user:
+            local_rows = leading_rows(args)
+            if local_rows is None:
+                local_rows = tf.constant(1, tf.int32)
+        else:
+            local_rows = batch_rows(args)
 
         def count_global_rows():
             # Through the aggregator: the step's only transport is the strategy's own algorithm.
             return self._all_reduce_sum([tf.cast(tf.reshape(local_rows, [1]), tf.float32)])[0][0]
 
         step = replica_step.ReplicaStep(local_rows, count_global_rows=count_global_rows)
+        step.scaled_by_user = scaled_by_user
         if model is not None and keras_patches.scales_loss(model.optimizer):
             step.learn_global_rows(count_global_rows())
         return step
@@ -549,6 +579,22 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
+
+
+def _cluster_resolver(cluster):
+    """`strategy.cluster_resolver`: this process as MultiWorkerMirroredStrategy describes it.
+
+    Task type "worker", task id = rank, and the job's workers (and
+    parameter servers, as "ps") where their addresses are known; code
+    written for MultiWorkerMirroredStrategy reads who is chief from it.
+    """
+    jobs = {}
+    if len(cluster.worker_addresses) == cluster.world_size:
+        jobs["worker"] = list(cluster.worker_addresses)
+    if cluster.server_addresses:
+        jobs["ps"] = list(cluster.server_addresses)
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs), task_type="worker", task_id=cluster.rank, rpc_layer="grpc")
 
 
 def _shard_files(dataset, context):
@@ -595,6 +641,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         if self.world_size > 1:
             keras_patches.note_multi_process_strategy()
+            install_chief_only_checkpoint_writes(self.is_chief)
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
             align_random_state(extended.communicator)
         if extended._cluster.is_chief:  # pylint: disable=protected-access

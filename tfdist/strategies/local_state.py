@@ -132,8 +132,7 @@ class LocalStateSync:
                 if replica_step.is_batch_level(variable):
                     slots.append(step_sum.add_share_weighted(change))
                 else:
-                    slots.append(step_sum.add_sum(tf.math.multiply_no_nan(
-                        change, replica_step.has_rows_weight(change.dtype))))
+                    slots.append(step_sum.add_sum(replica_step.counted_if_rows(change)))
             else:
                 slots.append(step_sum.add_share_weighted(current))
         return slots

@@ -123,6 +123,13 @@ class ReplicaStep:
         """1 if this rank's slice has rows, else 0, as `dtype` (an empty slice counts nothing)."""
         return tf.cast(self.has_rows, dtype)
 
+    def counted_if_rows(self, value):
+        """`value`, or zeros of its dtype when this rank's slice is empty (any dtype;
+        a float NaN computed on the stand-in row becomes 0 too)."""
+        if value.dtype.is_floating or value.dtype.is_complex:
+            return tf.math.multiply_no_nan(value, self.has_rows_weight(value.dtype))
+        return tf.where(self.has_rows, value, tf.zeros_like(value))
+
     def gradient_weight(self, weighted_in_loss):
         """dtype -> the weight of this rank's gradients: its share, or only `has_rows_weight`
         when its loss already carried the share (`weight_loss`)."""

@@ -1,5 +1,6 @@
 """Split each global batch of a dataset across the training processes."""
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -16,15 +17,27 @@ def _rows(tensor, start, end):
 
 def batch_rows(batch):
     """Rows (int32 scalar) of a batch: the leading dimension of its first tensor."""
-    for tensor in tf.nest.flatten(batch):
-        if isinstance(tensor, tf.experimental.Optional):
-            continue
+    rows = leading_rows(batch)
+    if rows is None:
+        raise ValueError("tfdist cannot shard a dataset element with no tensor in it.")
+    return rows
+
+
+def leading_rows(data):
+    """The leading dimension (int32 scalar) of the first tensor of rank >= 1 in `data`, or None.
+
+    `data` may hold anything a user passes to `strategy.run`: Python
+    numbers and scalars are skipped.
+    """
+    for tensor in tf.nest.flatten(data):
         if isinstance(tensor, tf.SparseTensor):
             return tf.cast(tf.shape(tensor, out_type=tf.int64)[0], tf.int32)
         if isinstance(tensor, tf.RaggedTensor):
             return tensor.nrows(out_type=tf.int32)
-        return tf.shape(tensor, out_type=tf.int32)[0]
-    raise ValueError("tfdist cannot shard a dataset element with no tensor in it.")
+        if (isinstance(tensor, (tf.Tensor, tf.Variable, np.ndarray))
+                and tf.TensorShape(tensor.shape).rank != 0):
+            return tf.shape(tensor, out_type=tf.int32)[0]
+    return None
 
 
 def _check_batched(element_spec):
@@ -79,8 +92,12 @@ def shard_global_batch(dataset, rank, world_size):
         return dataset
     _check_batched(dataset.element_spec)
 
-    def take_slice(*components):  # tf.data unpacks a tuple element into arguments
-        batch = components if len(components) > 1 else components[0]
+    element_is_tuple = isinstance(dataset.element_spec, tuple)
+
+    def take_slice(*components):
+        # tf.data unpacks a tuple element into arguments: put it back together, as the
+        # same structure (Keras' predict data `((a, b),)` is a 1-tuple holding a tuple).
+        batch = components if element_is_tuple else components[0]
         rows = batch_rows(batch)
         start = (rank * rows) // world_size
         end = ((rank + 1) * rows) // world_size

@@ -8,7 +8,7 @@ import weakref
 
 import tensorflow as tf
 
-from tfdist.aggregation.base import Aggregator
+from tfdist.aggregation.base import Aggregator, require_static_shapes
 from tfdist.aggregation.fusion import FusionPlan, split_flat
 from tfdist.aggregation.parameter_server import protocol
 from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES, ShardPlan
@@ -165,6 +165,7 @@ class ParameterServerAggregator(Aggregator):
         return result
 
     def reduce_bucket(self, bucket):
+        require_static_shapes(bucket, "parameter server")
         tensors = list(bucket.tensors)
         wires = [protocol.wire_of(t.dtype) for t in tensors]
         on_wire = [tf.cast(t, dtype) if t.dtype != dtype else t

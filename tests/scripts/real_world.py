@@ -1,0 +1,585 @@
+"""Worker script: scripts a new user brings, written the way keras.io and the TF guides write them.
+
+Usage: python real_world.py OUT [--cases a,b,...] [--strategy plain|ring|tree|ps]
+                                [--backend auto|collective|horovod] [--workdir DIR]
+
+`--strategy plain` runs every case as the plain script would run without
+tfdist: `tf.distribute.get_strategy()`, the default strategy, whose
+`scope()` changes nothing and whose `run`/`reduce`/`experimental_distribute_dataset`
+are the identity - the reference every tfdist run is compared with. Every
+rank writes OUT.rank<R>.npz with, per case, its weights, logged history,
+evaluate results and predictions (keys "<case>/<name>").
+
+The cases are the paths the keras_patterns suite does not walk:
+
+* the TensorFlow guide's custom training loop ("Custom training with
+  tf.distribute.Strategy") on `experimental_distribute_dataset`, and the
+  multi-worker guide's on `distribute_datasets_from_function` with an
+  `InputContext`; optimizer slots are created inside `strategy.run`;
+* a recurrent per-token sequence tagger (`Embedding(mask_zero=True)`, a
+  bidirectional LSTM, `Dense` on a 3-D tensor: a masked per-token loss whose
+  denominator is the slice's valid tokens, not its rows);
+* keras.io's Transformer text classifier (`TokenAndPositionEmbedding`: a
+  batch-independent `Embedding` lookup);
+* reductions whose denominator is not the row count (`reduction="sum"`,
+  `"mean_with_sample_weight"`);
+* `keras.utils.set_random_seed` with unseeded, reshuffled `Dataset.shuffle`;
+* `predict` on a list of inputs (multi-input models);
+* metrics with integer state (`MeanIoU`, `IoU`, `OneHotMeanIoU`) and others;
+* `ModelCheckpoint(save_best_only=True)` read back with `load_model` right
+  after `fit`, on every rank, and training the reloaded model further;
+  a `tf.train.Checkpoint` saved and restored in a custom loop;
+* transfer learning (freeze, train the head, unfreeze, recompile, fine-tune).
+
+Global batches do not split evenly over 2, 3 or 4 processes, and the last
+batch of several cases has fewer rows than processes (empty slices).
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras import layers, ops  # noqa: E402
+
+VOCAB = 50
+WORKDIR = ["."]  # --workdir: where checkpoint cases write (shared by the ranks)
+
+
+def results(model, history=None, evaluation=None, predictions=None, **extra):
+    """The arrays a test compares: weights, history, evaluation, predictions, extras."""
+    out = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    if history is not None:
+        out.update({f"h_{k}": np.asarray(v) for k, v in history.history.items()})
+    if evaluation is not None:
+        out.update({f"e_{k}": np.asarray(v) for k, v in evaluation.items()})
+    if predictions is not None:
+        out["predictions"] = np.asarray(predictions)
+    out.update({k: np.asarray(v) for k, v in extra.items()})
+    return out
+
+
+def rank_of(strategy):
+    return getattr(strategy, "rank", 0)
+
+
+# ------------------------------------------------------------- custom loops
+def images(rows, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 6, 6, 1)).astype("float32")
+    y = (x[:, :3].mean(axis=(1, 2, 3)) > x[:, 3:].mean(axis=(1, 2, 3))).astype("int64")
+    return x, y
+
+
+def guide_model():
+    return keras.Sequential([
+        keras.Input((6, 6, 1)),
+        layers.Conv2D(4, 3, activation="relu"),
+        layers.MaxPooling2D(),
+        layers.Flatten(),
+        layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-3)),
+        layers.Dense(2),
+    ])
+
+
+def case_guide_custom_loop(strategy):
+    """The TensorFlow guide "Custom training with tf.distribute.Strategy", unchanged in shape.
+
+    193 rows in global batches of 32: the last batch has one row, so on
+    2 or 3 processes some ranks get an empty slice.
+    """
+    keras.utils.set_random_seed(11)
+    GLOBAL_BATCH_SIZE = 32
+    x, y = images(193, seed=1)
+    x_test, y_test = images(70, seed=2)
+    train_dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE)
+    test_dataset = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(GLOBAL_BATCH_SIZE)
+    train_dist_dataset = strategy.experimental_distribute_dataset(train_dataset)
+    test_dist_dataset = strategy.experimental_distribute_dataset(test_dataset)
+
+    with strategy.scope():
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction="none")
+
+        def compute_loss(labels, predictions, model_losses):
+            per_example_loss = loss_object(labels, predictions)
+            loss = tf.nn.compute_average_loss(per_example_loss,
+                                              global_batch_size=GLOBAL_BATCH_SIZE)
+            if model_losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model_losses))
+            return loss
+
+        test_loss = keras.metrics.Mean(name="test_loss")
+        train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="train_accuracy")
+        test_accuracy = keras.metrics.SparseCategoricalAccuracy(name="test_accuracy")
+        model = guide_model()
+        optimizer = keras.optimizers.Adam(learning_rate=0.01)  # built inside strategy.run
+
+    def train_step(inputs):
+        images_, labels = inputs
+        with tf.GradientTape() as tape:
+            predictions = model(images_, training=True)
+            loss = compute_loss(labels, predictions, model.losses)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        train_accuracy.update_state(labels, predictions)
+        return loss
+
+    def test_step(inputs):
+        images_, labels = inputs
+        predictions = model(images_, training=False)
+        t_loss = loss_object(labels, predictions)
+        test_loss.update_state(t_loss)
+        test_accuracy.update_state(labels, predictions)
+
+    @tf.function
+    def distributed_train_step(dataset_inputs):
+        per_replica_losses = strategy.run(train_step, args=(dataset_inputs,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
+
+    @tf.function
+    def distributed_test_step(dataset_inputs):
+        return strategy.run(test_step, args=(dataset_inputs,))
+
+    history = {"loss": [], "accuracy": [], "test_loss": [], "test_accuracy": []}
+    for _ in range(3):
+        total_loss, num_batches = 0.0, 0
+        for batch in train_dist_dataset:
+            total_loss += distributed_train_step(batch)
+            num_batches += 1
+        for batch in test_dist_dataset:
+            distributed_test_step(batch)
+        history["loss"].append(float(total_loss / num_batches))
+        history["accuracy"].append(float(train_accuracy.result()))
+        history["test_loss"].append(float(test_loss.result()))
+        history["test_accuracy"].append(float(test_accuracy.result()))
+        for metric in (test_loss, train_accuracy, test_accuracy):
+            metric.reset_state()
+    return results(model, **{f"h_{k}": v for k, v in history.items()})
+
+
+def case_multi_worker_custom_loop(strategy):
+    """The multi-worker guide's loop: `distribute_datasets_from_function` with an InputContext.
+
+    Each process builds its own pipeline (`shard`, per-replica batch); the
+    metric and the optimizer's slots are created inside `strategy.run`; the
+    step returns per-replica predictions that are gathered and reduced.
+    """
+    keras.utils.set_random_seed(12)
+    GLOBAL_BATCH_SIZE = 48
+    x, y = images(192, seed=3)
+
+    def dataset_fn(input_context):
+        batch_size = input_context.get_per_replica_batch_size(GLOBAL_BATCH_SIZE)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        dataset = dataset.shard(input_context.num_input_pipelines,
+                                input_context.input_pipeline_id)
+        return dataset.batch(batch_size)
+
+    dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    with strategy.scope():
+        model = guide_model()
+        optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+    state = {}
+
+    @tf.function
+    def train_step(iterator):
+        def step_fn(inputs):
+            x_, y_ = inputs
+            if "accuracy" not in state:  # a variable created inside strategy.run
+                state["accuracy"] = keras.metrics.SparseCategoricalAccuracy()
+            with tf.GradientTape() as tape:
+                predictions = model(x_, training=True)
+                per_batch_loss = keras.losses.sparse_categorical_crossentropy(
+                    y_, predictions, from_logits=True)
+                loss = tf.nn.compute_average_loss(per_batch_loss,
+                                                  global_batch_size=GLOBAL_BATCH_SIZE)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            state["accuracy"].update_state(y_, predictions)
+            return loss, tf.argmax(predictions, axis=1)
+
+        per_replica_loss, per_replica_classes = strategy.run(step_fn, args=(next(iterator),))
+        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+        return loss, strategy.gather(per_replica_classes, axis=0)
+
+    losses, classes = [], []
+    for _ in range(3):
+        iterator = iter(dist_dataset)
+        for _ in range(192 // GLOBAL_BATCH_SIZE):
+            loss, gathered = train_step(iterator)
+            losses.append(float(loss))
+            classes.append(np.sort(gathered.numpy()))  # gathered rows come in rank order
+    local = strategy.experimental_local_results(
+        strategy.run(lambda: tf.constant(1.0)))
+    return results(model, h_loss=losses, classes=np.concatenate(classes),
+                   accuracy=float(state["accuracy"].result()), local_results=len(local))
+
+
+def case_custom_loop_checkpoint(strategy):
+    """A custom loop saves a `tf.train.Checkpoint` every epoch and restores it into a new model."""
+    keras.utils.set_random_seed(13)
+    GLOBAL_BATCH_SIZE = 20
+    x, y = images(61, seed=4)
+    dist_dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE))
+    with strategy.scope():
+        model = guide_model()
+        optimizer = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        checkpoint = tf.train.Checkpoint(optimizer=optimizer, model=model)
+
+    @tf.function
+    def train_step(inputs):
+        def step_fn(batch):
+            x_, y_ = batch
+            with tf.GradientTape() as tape:
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y_, model(x_, training=True), from_logits=True)
+                loss = tf.nn.compute_average_loss(per_example,
+                                                  global_batch_size=GLOBAL_BATCH_SIZE)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return strategy.reduce("SUM", strategy.run(step_fn, args=(inputs,)), axis=None)
+
+    checkpoint_dir = os.path.join(WORKDIR[0], "custom_loop_checkpoints")
+    for _ in range(2):
+        for batch in dist_dataset:
+            train_step(batch)
+        checkpoint.save(os.path.join(checkpoint_dir, "ckpt"))
+    with strategy.scope():
+        restored_model = guide_model()
+        restored = tf.train.Checkpoint(model=restored_model)
+    restored.restore(tf.train.latest_checkpoint(checkpoint_dir)).expect_partial()
+    return results(restored_model, predictions=restored_model.predict(x, verbose=0))
+
+
+# ---------------------------------------------------------- sequence models
+def tagged_sequences(rows, length=10, tags=4, seed=0):
+    """Token sequences of varying length (0-padded) and one tag per token (0 at padding)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, length + 1, size=rows)
+    tokens = rng.integers(1, VOCAB, size=(rows, length)).astype("int32")
+    tokens[np.arange(length)[None, :] >= lengths[:, None]] = 0
+    tag = (tokens % tags).astype("int32")
+    tag[tokens == 0] = 0
+    return tokens, tag
+
+
+def case_sequence_tagger(strategy):
+    """A per-token tagger: bidirectional LSTM, Dense on the 3-D sequence, masked loss.
+
+    Keras' default loss reduction divides each slice's loss by its valid
+    (unmasked) tokens; one process divides by the global batch's.
+    89 rows in batches of 16 (last batch 9).
+    """
+    keras.utils.set_random_seed(21)
+    x, y = tagged_sequences(89, seed=5)
+    with strategy.scope():
+        inputs = keras.Input((None,), dtype="int32")
+        hidden = layers.Embedding(VOCAB, 8, mask_zero=True)(inputs)
+        hidden = layers.Bidirectional(layers.LSTM(6, return_sequences=True))(hidden)
+        hidden = layers.Dense(8, activation="relu")(hidden)
+        outputs = layers.Dense(4, activation="softmax")(hidden)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, validation_split=0.25)
+    return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True),
+                   model.predict(x, batch_size=16, verbose=0))
+
+
+class TransformerBlock(layers.Layer):
+    """keras.io "Text classification with Transformer", as written there."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+        super().__init__()
+        self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"),
+                                     layers.Dense(embed_dim)])
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(rate)
+        self.dropout2 = layers.Dropout(rate)
+
+    def call(self, inputs, training=False):
+        attn_output = self.att(inputs, inputs)
+        attn_output = self.dropout1(attn_output, training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.ffn(out1)
+        ffn_output = self.dropout2(ffn_output, training=training)
+        return self.layernorm2(out1 + ffn_output)
+
+
+class TokenAndPositionEmbedding(layers.Layer):
+    """keras.io's: the position lookup `arange(maxlen)` is the same for every example."""
+
+    def __init__(self, maxlen, vocab_size, embed_dim):
+        super().__init__()
+        self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x):
+        maxlen = ops.shape(x)[-1]
+        positions = ops.arange(start=0, stop=maxlen, step=1)
+        positions = self.pos_emb(positions)
+        x = self.token_emb(x)
+        return x + positions
+
+
+def case_transformer_classifier(strategy):
+    """keras.io's Transformer text classifier (dropout 0: masks would differ per rank)."""
+    keras.utils.set_random_seed(22)
+    maxlen, embed_dim = 12, 8
+    rng = np.random.default_rng(6)
+    x = rng.integers(1, VOCAB, size=(75, maxlen)).astype("int32")
+    y = ((x[:, :4] > VOCAB // 2).sum(axis=1) >= 2).astype("int32")
+    with strategy.scope():
+        inputs = layers.Input(shape=(maxlen,))
+        embedding_layer = TokenAndPositionEmbedding(maxlen, VOCAB, embed_dim)
+        hidden = embedding_layer(inputs)
+        hidden = TransformerBlock(embed_dim, 2, 16, rate=0.0)(hidden)
+        hidden = layers.GlobalAveragePooling1D()(hidden)
+        hidden = layers.Dense(8, activation="relu")(hidden)
+        outputs = layers.Dense(2, activation="softmax")(hidden)
+        model = keras.Model(inputs=inputs, outputs=outputs)
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, validation_data=(x, y))
+    return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True),
+                   model.predict(x, batch_size=16, verbose=0))
+
+
+def case_loss_reductions(strategy):
+    """Loss reductions whose denominator is not the slice's rows.
+
+    `reduction="sum"` (one process sums over the global batch),
+    `"mean_with_sample_weight"` with sample weights (divides by their sum),
+    and a temporal sample weight on a masked sequence loss.
+    """
+    out = {}
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(53, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1))).astype("float32")
+    weights = rng.uniform(0.0, 3.0, size=53).astype("float32")
+    for reduction in ("sum", "mean_with_sample_weight"):
+        keras.utils.set_random_seed(23)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((5,)), layers.Dense(8, activation="tanh"),
+                                      layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.002 if reduction == "sum" else 0.05),
+                          loss=keras.losses.MeanSquaredError(reduction=reduction))
+        history = model.fit(x, y, sample_weight=weights, batch_size=16, epochs=3, verbose=0)
+        evaluation = model.evaluate(x, y, sample_weight=weights, batch_size=16, verbose=0,
+                                    return_dict=True)
+        out.update({f"{reduction}/{k}": v for k, v in results(model, history, evaluation).items()})
+    keras.utils.set_random_seed(24)
+    tokens, tags = tagged_sequences(45, seed=8)
+    token_weights = np.where(tokens > 0, rng.uniform(0.5, 2.0, size=tokens.shape), 0.0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((None,), dtype="int32"),
+                                  layers.Embedding(VOCAB, 6, mask_zero=True),
+                                  layers.GRU(6, return_sequences=True),
+                                  layers.Dense(4)])
+        model.compile(optimizer=keras.optimizers.RMSprop(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      weighted_metrics=["accuracy"])
+    history = model.fit(tokens, tags, sample_weight=token_weights.astype("float32"),
+                        batch_size=8, epochs=2, verbose=0)
+    out.update({f"temporal/{k}": v for k, v in results(model, history).items()})
+    return out
+
+
+# ------------------------------------------------------------- input order
+def case_reshuffled_dataset(strategy):
+    """`set_random_seed` with an unseeded `Dataset.shuffle` reshuffled every epoch.
+
+    Keras peeks at a batch to build a model under a strategy; the peek
+    must not advance the shuffle the epochs then draw.
+    """
+    keras.utils.set_random_seed(31)
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(90, 4)).astype("float32")
+    y = (x[:, :1] * 2.0 - x[:, 1:2]).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024).batch(16)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), layers.Dense(8, activation="relu"),
+                                  layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
+    history = model.fit(dataset, epochs=3, verbose=0)
+    return results(model, history)
+
+
+# ------------------------------------------------------------ multi-input
+def case_multi_input_predict(strategy):
+    """A two-input functional model: fit, evaluate and predict on a list of arrays."""
+    keras.utils.set_random_seed(41)
+    rng = np.random.default_rng(10)
+    title = rng.integers(1, VOCAB, size=(47, 6)).astype("int32")
+    body = rng.normal(size=(47, 4)).astype("float32")
+    y = (body.sum(axis=1, keepdims=True) > 0).astype("float32")
+    with strategy.scope():
+        title_input = keras.Input((6,), dtype="int32", name="title")
+        body_input = keras.Input((4,), name="body")
+        title_features = layers.GlobalAveragePooling1D()(layers.Embedding(VOCAB, 4)(title_input))
+        merged = layers.concatenate([title_features, body_input])
+        priority = layers.Dense(1, activation="sigmoid", name="priority")(merged)
+        model = keras.Model([title_input, body_input], priority)
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy",
+                      metrics=["accuracy"])
+    history = model.fit([title, body], y, batch_size=10, epochs=2, verbose=0)
+    as_list = model.predict([title, body], batch_size=10, verbose=0)
+    as_dict = model.predict({"title": title, "body": body}, batch_size=10, verbose=0)
+    on_batch = model.predict_on_batch([title[:7], body[:7]])
+    return results(model, history, model.evaluate([title, body], y, batch_size=10, verbose=0,
+                                                  return_dict=True),
+                   as_list, as_dict=as_dict, on_batch=on_batch)
+
+
+# ------------------------------------------------------------------ metrics
+def case_metric_dtypes(strategy):
+    """Per-pixel segmentation with integer-state IoU metrics and a zoo of others."""
+    keras.utils.set_random_seed(51)
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(41, 6, 6, 2)).astype("float32")
+    y = (x[..., :1] > 0).astype("int32") + (x[..., 1:] > 0.8).astype("int32")
+    with strategy.scope():
+        inputs = keras.Input((6, 6, 2))
+        hidden = layers.Conv2D(6, 3, padding="same", activation="relu")(inputs)
+        outputs = layers.Conv2D(3, 1, activation="softmax")(hidden)
+        model = keras.Model(inputs, outputs)
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.02), loss="sparse_categorical_crossentropy",
+            metrics=[keras.metrics.MeanIoU(num_classes=3, sparse_y_pred=False),
+                     keras.metrics.IoU(num_classes=3, target_class_ids=[1], sparse_y_pred=False),
+                     "accuracy"])
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y))
+    out = results(model, history, model.evaluate(x, y, batch_size=8, verbose=0,
+                                                 return_dict=True))
+
+    keras.utils.set_random_seed(52)
+    z = rng.normal(size=(37, 5)).astype("float32")
+    labels = (z[:, 0] + z[:, 1] > 0).astype("float32")[:, None]
+    with strategy.scope():
+        classifier = keras.Sequential([keras.Input((5,)), layers.Dense(6, activation="relu"),
+                                       layers.Dense(1, activation="sigmoid")])
+        classifier.compile(
+            optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy",
+            metrics=[keras.metrics.Precision(), keras.metrics.Recall(), keras.metrics.AUC(),
+                     keras.metrics.F1Score(threshold=0.5), keras.metrics.R2Score(),
+                     keras.metrics.TruePositives(), keras.metrics.BinaryIoU(),
+                     keras.metrics.OneHotMeanIoU(num_classes=2, name="one_hot_iou"),
+                     keras.metrics.PrecisionAtRecall(0.5)])
+    history = classifier.fit(z, labels, batch_size=8, epochs=2, verbose=0)
+    out.update({f"zoo/{k}": v for k, v in results(
+        classifier, history, classifier.evaluate(z, labels, batch_size=8, verbose=0,
+                                                 return_dict=True)).items()})
+    return out
+
+
+# -------------------------------------------------------------- checkpoints
+def small_regressor():
+    return keras.Sequential([keras.Input((5,)), layers.Dense(8, activation="relu"),
+                             layers.Dense(1)])
+
+
+def case_checkpoint_reload(strategy):
+    """keras.io's checkpoint recipe: save the best model, load it right after fit, go on."""
+    keras.utils.set_random_seed(61)
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(70, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1)) + 0.3 * rng.normal(size=(70, 1))).astype("float32")
+    path = os.path.join(WORKDIR[0], "best.keras")
+    with strategy.scope():
+        model = small_regressor()
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse")
+    callbacks = [keras.callbacks.ModelCheckpoint(path, monitor="val_loss",
+                                                 save_best_only=True)]
+    model.fit(x, y, batch_size=16, epochs=6, verbose=0, validation_split=0.3,
+              callbacks=callbacks)
+    with strategy.scope():
+        reloaded = keras.models.load_model(path)
+    loaded_weights = [np.array(w) for w in reloaded.get_weights()]
+    history = reloaded.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    out = results(reloaded, history, reloaded.evaluate(x, y, batch_size=16, verbose=0,
+                                                       return_dict=True))
+    out.update({f"loaded_w{i}": w for i, w in enumerate(loaded_weights)})
+    return out
+
+
+def case_transfer_learning(strategy):
+    """keras.io's transfer-learning guide: frozen base (BatchNorm in inference), then fine-tune."""
+    keras.utils.set_random_seed(71)
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(58, 8, 8, 3)).astype("float32")
+    y = (x[..., 0].mean(axis=(1, 2)) > 0).astype("float32")
+    with strategy.scope():
+        base_model = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            layers.Conv2D(6, 3, activation="relu"),
+            layers.BatchNormalization(),
+            layers.Conv2D(6, 3, activation="relu"),
+        ], name="base")
+        base_model.trainable = False
+        inputs = keras.Input(shape=(8, 8, 3))
+        hidden = base_model(inputs, training=False)
+        hidden = layers.GlobalAveragePooling2D()(hidden)
+        outputs = layers.Dense(1)(hidden)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.Adam(),
+                      loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.BinaryAccuracy()])
+    head = model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x, y))
+    base_model.trainable = True
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                      loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.BinaryAccuracy()])
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x, y))
+    out = results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                 return_dict=True))
+    out.update({f"head_h_{k}": np.asarray(v) for k, v in head.history.items()})
+    return out
+
+
+CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def make_strategy(kind, backend):
+    if kind == "plain":
+        return tf.distribute.get_strategy()
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    if kind == "ring":
+        return tfdist.strategies.RingAllReduceStrategy(backend=backend)
+    if kind == "tree":
+        return tfdist.strategies.ReductionTreeStrategy(fanout=2)
+    return tfdist.strategies.ParameterServerStrategy()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", help="output prefix; writes <out>.rank<R>.npz")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--strategy", choices=["plain", "ring", "tree", "ps"], default="ring")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--workdir", default=None,
+                        help="directory the checkpoint cases write to (default: OUT's)")
+    args = parser.parse_args()
+    WORKDIR[0] = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    strategy = make_strategy(args.strategy, args.backend)
+    arrays = {}
+    for name in args.cases.split(","):
+        arrays.update({f"{name}/{k}": v for k, v in CASES[name](strategy).items()})
+        if rank_of(strategy) == 0:
+            print("case", name, "done", flush=True)
+    np.savez(f"{args.out}.rank{rank_of(strategy)}.npz", **arrays)
+
+
+if __name__ == "__main__":
+    main()
