@@ -536,6 +536,9 @@ def case_transfer_learning(strategy):
                       metrics=[keras.metrics.BinaryAccuracy()])
     head = model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x, y))
     base_model.trainable = True
+    # The guide keeps BatchNormalization in inference mode while fine-tuning (its batch
+    # statistics are per rank by construction: README).
+    base_model.layers[1].trainable = False
     with strategy.scope():
         model.compile(optimizer=keras.optimizers.Adam(1e-4),
                       loss=keras.losses.BinaryCrossentropy(from_logits=True),

@@ -230,7 +230,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 continue
             if weighted_in_loss:
                 slots[position] = total.add_sum(tf.math.multiply_no_nan(
-                    gradient, step.has_rows_weight(gradient.dtype)), variable, is_gradient=True)
+                    gradient, step.gradient_weight(True)(gradient.dtype)), variable,
+                    is_gradient=True)
             else:
                 slots[position] = total.add_share_weighted(gradient, variable, is_gradient=True)
 
@@ -558,14 +559,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         else:
             local_rows = batch_rows(args)
 
-        def count_global_rows():
-            # Through the aggregator: the step's only transport is the strategy's own algorithm.
-            return self._all_reduce_sum([tf.cast(tf.reshape(local_rows, [1]), tf.float32)])[0][0]
-
-        step = replica_step.ReplicaStep(local_rows, count_global_rows=count_global_rows)
+        # Through the aggregator: the step's only transport is the strategy's own algorithm.
+        step = replica_step.ReplicaStep(local_rows, sum_over_ranks=self._all_reduce_sum)
         step.scaled_by_user = scaled_by_user
         if model is not None and keras_patches.scales_loss(model.optimizer):
-            step.learn_global_rows(count_global_rows())
+            step.learn_global_rows(step.global_rows)
         return step
 
     def _globalize_outputs(self, fn, model, outputs, step, summed_raw_logs):

@@ -141,6 +141,16 @@ def _keras_changes():
         "keras.src.losses.loss.(un)scale_loss_for_distribution": lambda: all(
             hasattr(keras_loss_module, name)
             for name in ("scale_loss_for_distribution", "unscale_loss_for_distribution")),
+        "keras.src.losses.loss: Loss.__call__ reduces through reduce_weighted_values(values, "
+        "sample_weight, mask, reduction, dtype), apply_mask, squeeze_or_expand_to_same_rank, "
+        "standardize_reduction": lambda: (
+            "reduce_weighted_values" in _names_used(keras_loss_module.Loss.__call__)
+            and _parameters(keras_loss_module.reduce_weighted_values) == [
+                "values", "sample_weight", "mask", "reduction", "dtype"]
+            and _parameters(keras_loss_module.apply_mask) == [
+                "sample_weight", "mask", "dtype", "reduction"]
+            and callable(keras_loss_module.squeeze_or_expand_to_same_rank)
+            and callable(keras_loss_module.standardize_reduction)),
         "BaseOptimizer.apply(grads, trainable_variables)": lambda: (
             _parameters(BaseOptimizer.apply)[:3] == ["self", "grads", "trainable_variables"]),
         "LossScaleOptimizer.apply(grads, trainable_variables)": lambda: (
@@ -611,6 +621,58 @@ def _install_loss_scaling():
     keras_loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
 
 
+def _install_global_loss_denominators():
+    """Each loss term averages over what one process would average over (`replica_step`).
+
+    Keras reduces a loss term over a rank's slice by its own denominator -
+    the slice's elements, but also the valid tokens of a mask (a sequence
+    model with `mask_zero=True`), the sum of the sample weights
+    (`reduction="mean_with_sample_weight"`) or nothing (`reduction="sum"`) -
+    where tfdist weights per-slice values by rows. The terms whose
+    denominator is not proportional to the rows are rescaled here
+    (`ReplicaStep.weight_for_global_denominator`), so that the step's
+    share weighting gives each term's global value. Keras' own steps and
+    custom `train_step`s that call a `keras.losses.Loss` get this; a user's
+    function in `strategy.run` scales its losses itself.
+    """
+    reduce_weighted_values = keras_loss_module.reduce_weighted_values
+
+    def globally_reduced(values, sample_weight=None, mask=None,
+                         reduction="sum_over_batch_size", dtype=None):
+        loss = reduce_weighted_values(values, sample_weight=sample_weight, mask=mask,
+                                      reduction=reduction, dtype=dtype)
+        step = replica_step.current()
+        if (step is None or step.scaled_by_user or step.remote_parameter_set is not None
+                or not _in_multi_process_strategy()):
+            return loss
+        reduction = keras_loss_module.standardize_reduction(reduction)
+        values = keras.ops.convert_to_tensor(values, dtype=dtype)
+        if reduction in (None, "none") or values.shape.rank == 0 or len(loss.shape) != 0:
+            return loss  # no reduction: the caller reduces (and is weighted by rows)
+        if reduction == "sum":
+            return step.weight_for_global_denominator(loss, None)
+        if reduction in ("mean", "sum_over_batch_size"):
+            if mask is None:
+                return loss  # divided by its elements: proportional to the rows
+            denominator = keras.ops.sum(keras.ops.cast(
+                keras.ops.convert_to_tensor(mask, dtype=dtype), values.dtype))
+            return step.weight_for_global_denominator(loss, denominator)
+        # "mean_with_sample_weight": divided by the sum of the (masked) sample weights.
+        if sample_weight is not None:
+            sample_weight = keras.ops.convert_to_tensor(sample_weight, dtype=dtype)
+        if mask is not None:
+            mask = keras.ops.convert_to_tensor(mask, dtype=dtype)
+        weights = keras_loss_module.apply_mask(sample_weight, mask, dtype=values.dtype,
+                                               reduction=reduction)
+        if weights is None:
+            return loss
+        _, weights = keras_loss_module.squeeze_or_expand_to_same_rank(
+            values, keras.ops.cast(weights, values.dtype))
+        return step.weight_for_global_denominator(loss, keras.ops.sum(weights))
+
+    keras_loss_module.reduce_weighted_values = globally_reduced
+
+
 def _install_gradient_aggregation():
     """Optimizers see the global gradient before anything else touches it.
 
@@ -847,6 +909,7 @@ def install():
         return
     _installed = True
     _install_loss_scaling()
+    _install_global_loss_denominators()
     _install_gradient_aggregation()
     _install_batch_level_metric_updates()
     _install_collective_stop_flags()

@@ -67,14 +67,14 @@ class ReplicaStep:
     The global batch's rows (`global_rows`, float32 n) and this rank's
     share n_r / n (`share`) are known once the step's fused all-reduce ran
     (`learn_global_rows`); read earlier, they cost one small all-reduce
-    (`count_global_rows`).
+    (`sum_over_ranks`, a callable summing a list of tensors over ranks).
     """
 
-    def __init__(self, local_rows, global_rows=None, count_global_rows=None):
+    def __init__(self, local_rows, global_rows=None, sum_over_ranks=None):
         self.local_rows = local_rows
         self.has_rows = local_rows > 0
         self._global_rows = global_rows
-        self._count_global_rows = count_global_rows
+        self._sum_over_ranks = sum_over_ranks
         self._share = None
         self._graph = tf.compat.v1.get_default_graph()
         self.gradients_aggregated = False
@@ -95,10 +95,51 @@ class ReplicaStep:
         """float32 scalar n, the global batch's rows (one small all-reduce if not known yet)."""
         if self._global_rows is not None:
             return self._global_rows
-        rows = self._count_global_rows()
+        rows = self._sum_over_ranks([tf.reshape(self.rows_weight(tf.float32), [1])])[0][0]
+        self._remember_global_rows(rows)
+        return rows
+
+    def _remember_global_rows(self, rows):
         if tf.compat.v1.get_default_graph() is self._graph:
             self._global_rows = rows  # not inside a cond/loop branch: reusable for the step
-        return rows
+
+    def sum_with_rows(self, value):
+        """float32 sum over ranks of the float32 scalar `value`, before the step's end.
+
+        One small all-reduce, which also carries this rank's row count if the
+        global one is not known yet (then `global_rows` costs nothing more).
+        """
+        if self.rows_known:
+            return self._sum_over_ranks([tf.reshape(value, [1])])[0][0]
+        summed = self._sum_over_ranks([tf.stack([value, self.rows_weight(tf.float32)])])[0]
+        self._remember_global_rows(summed[1])
+        return summed[0]
+
+    def weight_for_global_denominator(self, term, local_denominator):
+        """A loss term over this slice, rescaled so that share weighting makes it exact.
+
+        Keras reduces a loss term over a slice as S_r / D_r, and one process
+        over the global batch as S / D, S = sum_r S_r, D = sum_r D_r, where D
+        is what the term averages over: its elements (proportional to the
+        rows: nothing to do), the valid tokens of a mask, the sum of the
+        sample weights (`"mean_with_sample_weight"`), or nothing at all
+        (`reduction="sum"`, `local_denominator` None: every rank's S_r counts
+        whole). The step weights every per-slice value by its share n_r / n
+        (the gradients, the loss tracker); so the term is returned times
+        (D_r / D) (n / n_r), whose share-weighted sum over ranks is S / D.
+
+        Cost: one small all-reduce before the backward pass per such term
+        (`sum_with_rows`); for a sum, the global row count only.
+        """
+        rows = self.rows_weight(tf.float32)
+        if local_denominator is None:
+            factor = tf.math.divide_no_nan(self.global_rows, rows)
+        else:
+            local = self.counted_if_rows(tf.cast(local_denominator, tf.float32))
+            total = self.sum_with_rows(local)
+            factor = tf.math.divide_no_nan(local, total) * tf.math.divide_no_nan(
+                self.global_rows, rows)
+        return term * tf.cast(factor, term.dtype)
 
     def learn_global_rows(self, rows):
         """The global row count, as summed by the step's fused all-reduce."""
@@ -132,7 +173,10 @@ class ReplicaStep:
 
     def gradient_weight(self, weighted_in_loss):
         """dtype -> the weight of this rank's gradients: its share, or only `has_rows_weight`
-        when its loss already carried the share (`weight_loss`)."""
+        when its loss already carried the share (`weight_loss`), or 1 in a user's function
+        (`scaled_by_user`: an empty slice may still contribute, a regularization term)."""
+        if self.scaled_by_user:
+            return lambda dtype: tf.ones([], dtype)
         return self.has_rows_weight if weighted_in_loss else self.weight
 
     def rows_weight(self, dtype):
