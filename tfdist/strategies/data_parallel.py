@@ -45,6 +45,7 @@ from tfdist.errors import ClusterError
 from tfdist.strategies import keras_patches
 from tfdist.strategies.checkpoint_files import install_chief_only_checkpoint_writes
 from tfdist.strategies import replica_step
+from tfdist.strategies.batch_dependence import reads_batch
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
@@ -272,7 +273,15 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return result
 
     def _gather_slices(self, slices, step, weight):
-        """Every rank's weighted (index, value) pairs, in rank order."""
+        """The `IndexedSlices` one process has for the global batch (`batch_dependence`).
+
+        Indices looked up from the batch: every rank's weighted (index,
+        value) pairs, in rank order. Indices that do not depend on the
+        batch (the same on every rank): those indices once, with the
+        weighted values summed over ranks.
+        """
+        if not reads_batch(slices.indices, step.inputs):
+            return self._sum_slices_of_shared_indices(slices, weight)
         rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
         values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))[:rows]
         indices = slices.indices[:rows]
@@ -286,6 +295,20 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                          self._communicator.all_gather(indices)),
                 payload_bytes=mine, sent_bytes=mine * (self._cluster.world_size - 1))
         return tf.IndexedSlices(gathered[0], gathered[1], slices.dense_shape)
+
+    def _sum_slices_of_shared_indices(self, slices, weight):
+        """Sum over ranks of the weighted values of slices whose indices every rank shares.
+
+        Gathered and summed (any shape; k indices cost P k values of traffic,
+        few for a position embedding).
+        """
+        values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))
+        world = self._cluster.world_size
+        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
+            gathered = self._communicator.all_gather(values)
+        per_rank = tf.reshape(gathered, tf.concat([[world, -1], tf.shape(values)[1:]], axis=0))
+        summed = tf.ensure_shape(tf.reduce_sum(per_rank, axis=0), values.shape)
+        return tf.IndexedSlices(summed, slices.indices, slices.dense_shape)
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -441,6 +464,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         with replica_step.active(step):
             if not step.scaled_by_user:
                 args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
+            step.inputs = (args, kwargs)
             self._local_state.begin_step()
             try:
                 return self._in_replica_context(step_then_sum, args, kwargs)

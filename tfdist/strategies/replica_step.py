@@ -80,6 +80,7 @@ class ReplicaStep:
         self.gradients_aggregated = False
         self.defers_updates = False
         self.scaled_by_user = False
+        self.inputs = ()  # the step function's arguments (`batch_dependence.reads_batch`)
         self._deferred_updates = []
         self.remote_parameter_set = None  # asynchronous PS: (set id, variables, servers)
         self._batch_level_variables = {}
