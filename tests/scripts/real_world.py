@@ -66,6 +66,43 @@ def rank_of(strategy):
     return getattr(strategy, "rank", 0)
 
 
+# ------------------------------------------------------------- input order
+def case_seeded_before_strategy(strategy):
+    """The script seeds at its top (`main`, before the strategy line), shuffles unseeded.
+
+    Run first: nothing between `set_random_seed` and this case's shuffle
+    may draw an op seed that the plain script does not.
+    """
+    rng = np.random.default_rng(14)
+    x = rng.normal(size=(60, 4)).astype("float32")
+    y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024).batch(16)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), layers.Dense(4, activation="relu"),
+                                  layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    return results(model, model.fit(dataset, epochs=2, verbose=0))
+
+
+def case_reshuffled_dataset(strategy):
+    """`set_random_seed` with an unseeded `Dataset.shuffle` reshuffled every epoch.
+
+    Keras peeks at a batch to build a model under a strategy; the peek
+    must not advance the shuffle the epochs then draw.
+    """
+    keras.utils.set_random_seed(31)
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(90, 4)).astype("float32")
+    y = (x[:, :1] * 2.0 - x[:, 1:2]).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024).batch(16)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), layers.Dense(8, activation="relu"),
+                                  layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
+    history = model.fit(dataset, epochs=3, verbose=0)
+    return results(model, history)
+
+
 # ------------------------------------------------------------- custom loops
 def images(rows, seed):
     rng = np.random.default_rng(seed)
@@ -395,26 +432,6 @@ def case_loss_reductions(strategy):
     return out
 
 
-# ------------------------------------------------------------- input order
-def case_reshuffled_dataset(strategy):
-    """`set_random_seed` with an unseeded `Dataset.shuffle` reshuffled every epoch.
-
-    Keras peeks at a batch to build a model under a strategy; the peek
-    must not advance the shuffle the epochs then draw.
-    """
-    keras.utils.set_random_seed(31)
-    rng = np.random.default_rng(9)
-    x = rng.normal(size=(90, 4)).astype("float32")
-    y = (x[:, :1] * 2.0 - x[:, 1:2]).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024).batch(16)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), layers.Dense(8, activation="relu"),
-                                  layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
-    history = model.fit(dataset, epochs=3, verbose=0)
-    return results(model, history)
-
-
 # ------------------------------------------------------------ multi-input
 def case_multi_input_predict(strategy):
     """A two-input functional model: fit, evaluate and predict on a list of arrays."""
@@ -575,6 +592,7 @@ def main():
                         help="directory the checkpoint cases write to (default: OUT's)")
     args = parser.parse_args()
     WORKDIR[0] = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    keras.utils.set_random_seed(0)  # at the top, as keras.io scripts do: before the strategy
     strategy = make_strategy(args.strategy, args.backend)
     arrays = {}
     for name in args.cases.split(","):

@@ -197,6 +197,11 @@ def _keras_changes():
             "class_weight" in _keywords_passed(trainer.fit)
             and "class_weight" not in _keywords_passed(trainer.evaluate)
             and "class_weight" not in _keywords_passed(trainer.predict)),
+        "TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch) builds through "
+        "_symbolic_build; TFEpochIterator._distributed_dataset": lambda: (
+            _parameters(trainer._maybe_symbolic_build) == ["self", "iterator", "data_batch"]
+            and "_symbolic_build" in _names_used(trainer._maybe_symbolic_build)
+            and "_distributed_dataset" in _names_used(TFEpochIterator.__init__)),
         "Trainer._distribute_strategy": lambda: (
             "_distribute_strategy" in _names_used(trainer.__init__)),
         "Trainer.make_train_function(force), train_function": lambda: (
@@ -673,6 +678,34 @@ def _install_global_loss_denominators():
     keras_loss_module.reduce_weighted_values = globally_reduced
 
 
+def _install_build_without_peeking():
+    """Under a tfdist strategy, Keras builds the model from the data's spec, not from a batch.
+
+    With a strategy set, Keras' `fit` and `evaluate` build the model
+    symbolically from a first batch, which they take from a new iterator of
+    the data before the epoch's own. A `Dataset.shuffle` that reshuffles on
+    every iteration (its default) then draws one more order than the same
+    script without a strategy, and every epoch trains on other batches than
+    one process does. tfdist builds from the dataset's element spec (shapes
+    and dtypes are all a symbolic build reads), and not at all once the
+    model, its loss, metrics and optimizer are built.
+    """
+    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    maybe_symbolic_build = trainer._maybe_symbolic_build  # pylint: disable=protected-access
+
+    def build_from_spec(self, iterator=None, data_batch=None):
+        dataset = getattr(iterator, "_distributed_dataset", None)
+        if (data_batch is not None or dataset is None
+                or not _is_tfdist_strategy(self._distribute_strategy)):
+            return maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
+        spec = tf.nest.map_structure(
+            lambda s: None if isinstance(s, tf.OptionalSpec) else s, dataset.element_spec)
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
+
+    trainer._maybe_symbolic_build = build_from_spec  # pylint: disable=protected-access
+
+
 def _install_gradient_aggregation():
     """Optimizers see the global gradient before anything else touches it.
 
@@ -910,6 +943,7 @@ def install():
     _installed = True
     _install_loss_scaling()
     _install_global_loss_denominators()
+    _install_build_without_peeking()
     _install_gradient_aggregation()
     _install_batch_level_metric_updates()
     _install_collective_stop_flags()
