@@ -332,6 +332,37 @@ class _StepTimeout(keras.callbacks.Callback):
 
 
 @agrees_across_ranks
+class _EndOfFitBarrier(keras.callbacks.Callback):
+    """`fit` returns on every rank once the chief has finished writing.
+
+    Only the chief writes checkpoints (`ModelCheckpoint`, `BackupAndRestore`,
+    `Model.save` in a callback). During training the next step's collective
+    orders a rank after the chief's writes of the epoch before; after the
+    last epoch nothing would, and a rank that reads the chief's file right
+    after `fit` (`keras.models.load_model(best_path)`) could read the
+    previous one. Runs last, after every other callback's `on_train_end`.
+
+    Cost: one barrier (a tiny all-reduce) per `fit`.
+    """
+
+    def __init__(self, communicator):
+        super().__init__()
+        self._communicator = communicator
+
+    def on_train_end(self, logs=None):
+        with self._communicator.expect_progress("the barrier at the end of fit"):
+            self._communicator.barrier()
+
+
+def _with_end_of_fit_barrier(model, callbacks):
+    strategy = tfdist_strategy(model)
+    if (strategy is None or strategy.world_size == 1
+            or strategy.extended.remote_updates is not None):  # async: _ServerParameters
+        return callbacks
+    return list(callbacks) + [_EndOfFitBarrier(strategy.extended.communicator)]
+
+
+@agrees_across_ranks
 class _ServerParameters(keras.callbacks.Callback):
     """Asynchronous parameter server: the model's variables follow the servers' parameters.
 
@@ -957,6 +988,7 @@ def install():
             callbacks = _with_step_timeout(model, callbacks)
             callbacks = _with_server_parameters(model, callbacks)
             callbacks = _with_communication_profiling(model, callbacks)
+            callbacks = _with_end_of_fit_barrier(model, callbacks)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks)
             add_progbar = False
