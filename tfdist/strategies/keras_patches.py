@@ -201,7 +201,7 @@ def _keras_changes():
         "_symbolic_build; TFEpochIterator._distributed_dataset": lambda: (
             _parameters(trainer._maybe_symbolic_build) == ["self", "iterator", "data_batch"]
             and "_symbolic_build" in _names_used(trainer._maybe_symbolic_build)
-            and "_distributed_dataset" in _names_used(TFEpochIterator.__init__)),
+            and "_distributed_dataset" in _names_used(TFEpochIterator._get_iterator)),
         "Trainer._distribute_strategy": lambda: (
             "_distribute_strategy" in _names_used(trainer.__init__)),
         "Trainer.make_train_function(force), train_function": lambda: (
@@ -673,6 +673,7 @@ def _install_global_loss_denominators():
     """
     reduce_weighted_values = keras_loss_module.reduce_weighted_values
 
+    @functools.wraps(reduce_weighted_values)
     def globally_reduced(values, sample_weight=None, mask=None,
                          reduction="sum_over_batch_size", dtype=None):
         loss = reduce_weighted_values(values, sample_weight=sample_weight, mask=mask,
@@ -724,6 +725,7 @@ def _install_build_without_peeking():
     trainer = keras_tf_trainer_module.TensorFlowTrainer
     maybe_symbolic_build = trainer._maybe_symbolic_build  # pylint: disable=protected-access
 
+    @functools.wraps(maybe_symbolic_build)  # check_keras reads the original through it
     def build_from_spec(self, iterator=None, data_batch=None):
         dataset = getattr(iterator, "_distributed_dataset", None)
         if (data_batch is not None or dataset is None
