@@ -68,6 +68,15 @@ def test_ranks_given_different_data_is_a_clear_error():
     assert "batches per epoch by rank: [20, 18]" in result.stdout, result.stdout[-3000:]
 
 
+def test_ranks_each_passing_their_own_shard_is_a_clear_error():
+    """Same number of batches, other rows: caught by the data fingerprint, not trained on 1/P."""
+    result = tfdist_run(2, [script("failure_modes.py"), "own_shard"], timeout=200, run_timeout=60)
+    assert result.returncode != 0
+    assert "the ranks were given different data (rows by rank: [240, 240]" in result.stdout, \
+        result.stdout[-3000:]
+    assert "distribute_datasets_from_function" in result.stdout
+
+
 def test_rank_alive_but_out_of_step_fails_within_the_timeout():
     result = tfdist_run(2, [script("failure_modes.py"), "stall"], timeout=90, run_timeout=10)
     assert result.returncode != 0

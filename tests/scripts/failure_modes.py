@@ -4,6 +4,7 @@
   crash RANK       rank RANK dies (os._exit(3)) in the middle of epoch 2
   mismatch         rank 1 builds a wider layer than rank 0
   uneven           rank 1 passes less data than rank 0
+  own_shard        each rank passes only its own shard, x[rank::world] (Horovod's habit)
   stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
   slow             train with 0.1 s pauses per batch (about 10 s), printing each epoch
   late_exit        train normally; rank 1 then takes 8 s more than rank 0 to exit
@@ -72,6 +73,8 @@ def main():
     n = 432 if mode == "uneven" and strategy.rank == 1 else 480
     x = np.random.default_rng(0).normal(size=(n, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
+    if mode == "own_shard":
+        x, y = x[strategy.rank::strategy.world_size], y[strategy.rank::strategy.world_size]
     callbacks = []
     if mode == "crash":
         callbacks = [CrashAt(args.rank, strategy)]

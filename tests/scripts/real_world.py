@@ -432,6 +432,66 @@ def case_loss_reductions(strategy):
     return out
 
 
+def case_fit_per_rank_pipeline(strategy):
+    """`fit` on `distribute_datasets_from_function`: each process builds its own pipeline.
+
+    The per-rank path for input that cannot be the same on every rank
+    (files per worker): rank r reads every P-th example in batches of
+    24 / P, so global batch k holds the rows of one process's batch k.
+    """
+    keras.utils.set_random_seed(34)
+    rng = np.random.default_rng(16)
+    x = rng.normal(size=(96, 5)).astype("float32")
+    y = (x[:, :2].sum(axis=1, keepdims=True) > 0).astype("float32")
+
+    def dataset_fn(input_context):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return dataset.batch(input_context.get_per_replica_batch_size(24))
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), layers.Dense(6, activation="relu"),
+                                  layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.SGD(0.2, momentum=0.5),
+                      loss="binary_crossentropy", metrics=["accuracy"])
+    history = model.fit(strategy.distribute_datasets_from_function(dataset_fn), epochs=3,
+                        verbose=0)
+    return results(model, history)
+
+
+def case_added_losses(strategy):
+    """`add_loss` terms that are means over the batch, activity and weight regularizers.
+
+    (keras.io's pattern `add_loss(rate * ops.sum(x))`, a sum over the batch,
+    is weighted as a mean over each rank's slice: README.)
+    """
+
+    class ActivityRegularization(layers.Layer):
+        def __init__(self, rate):
+            super().__init__()
+            self.rate = rate
+
+        def call(self, inputs):
+            self.add_loss(self.rate * ops.mean(ops.square(inputs)))
+            return inputs
+
+    keras.utils.set_random_seed(35)
+    rng = np.random.default_rng(17)
+    x = rng.normal(size=(43, 6)).astype("float32")
+    y = (x[:, :3].sum(axis=1, keepdims=True)).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((6,)),
+            layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01),
+                         activity_regularizer=keras.regularizers.L1(0.01)),
+            ActivityRegularization(0.1),
+            layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse")
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, validation_data=(x, y))
+    return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True))
+
+
 # ------------------------------------------------------------ multi-input
 def case_multi_input_predict(strategy):
     """A two-input functional model: fit, evaluate and predict on a list of arrays."""
@@ -567,6 +627,69 @@ def case_transfer_learning(strategy):
     return out
 
 
+# ---------------------------------------------------------- mixed precision
+SLICES = [1]  # --slices: the plain reference of the float16 case computes P slices' gradients
+
+
+class SlicedBatchRegressor(keras.Sequential):
+    """One process computing each step's gradient as P processes do: slice by slice, summed.
+
+    Rows [r n // P, (r + 1) n // P) are slice r (tfdist's split); each
+    slice's loss is weighted by its share of the batch, scaled, and
+    differentiated on its own in float16; the float32 gradients are summed
+    and applied once. This is the float16 noise floor of data parallelism:
+    the same arithmetic as P ranks, on one process.
+    """
+
+    def train_step(self, data):
+        x, y = data
+        n = tf.shape(x)[0]
+        total, loss_sum = None, 0.0
+        for r in range(SLICES[0]):
+            lo, hi = (r * n) // SLICES[0], ((r + 1) * n) // SLICES[0]
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x[lo:hi], y=y[lo:hi], y_pred=self(x[lo:hi],
+                                                                            training=True))
+                share = tf.cast(hi - lo, tf.float32) / tf.cast(n, tf.float32)
+                loss = tf.math.multiply_no_nan(loss, share)
+                scaled = self.optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, self.trainable_variables)
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+            loss_sum += loss
+        self.optimizer.apply(total, self.trainable_variables)
+        return {"loss": loss_sum}
+
+
+def case_mixed_float16_regression(strategy):
+    """mixed_float16 regression (targets around 200, Adam, dynamic loss scale).
+
+    Compared with the plain script run with `--slices P` (`SlicedBatchRegressor`):
+    float16 rounds a gradient summed over P slices differently from one over
+    the whole batch, and a slice's float16 partial sum may overflow where
+    the whole batch's does not (or the reverse), so the loss scale may skip
+    other steps. tfdist on P processes equals the sliced one process.
+    """
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(81)
+        rng = np.random.default_rng(15)
+        x = rng.normal(size=(176, 8)).astype("float32")
+        y = (200.0 + 20.0 * x @ rng.normal(size=(8, 1))).astype("float32")
+        regressor = SlicedBatchRegressor if SLICES[0] > 1 else keras.Sequential
+        with strategy.scope():
+            model = regressor([keras.Input((8,)), layers.Dense(32, activation="relu"),
+                               layers.Dense(32, activation="relu"),
+                               layers.Dense(1, dtype="float32")])
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        scales = []
+        record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: (
+            scales.append(float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale)))))
+        model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=[record])
+        return results(model, loss_scales=scales)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
@@ -588,10 +711,13 @@ def main():
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--strategy", choices=["plain", "ring", "tree", "ps"], default="ring")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--slices", type=int, default=1,
+                        help="plain reference of mixed_float16_regression: P slices per step")
     parser.add_argument("--workdir", default=None,
                         help="directory the checkpoint cases write to (default: OUT's)")
     args = parser.parse_args()
     WORKDIR[0] = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    SLICES[0] = args.slices
     keras.utils.set_random_seed(0)  # at the top, as keras.io scripts do: before the strategy
     strategy = make_strategy(args.strategy, args.backend)
     arrays = {}

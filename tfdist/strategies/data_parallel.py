@@ -350,27 +350,42 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         finally:
             self._whole_batches.on = False
 
-    def check_same_number_of_batches(self, num_batches):
+    def check_same_data(self, num_batches, fingerprint=None):
         """Fail clearly when ranks were given different data (a silent mismatch otherwise).
 
-        Each rank must pass the same global data to fit/evaluate/predict; if
-        their epochs have different known lengths, steps would pair up wrongly
-        and the longer rank would wait on a peer that has finished.
-        `num_batches` is this rank's batches per epoch, None when unknown.
-        Asynchronous workers are not in step (a collective could wait on a
-        dead worker): not checked.
+        Each rank must pass the same global data to fit/evaluate/predict.
+        If their epochs have different known lengths, steps would pair up
+        wrongly and the longer rank would wait on a peer that has finished;
+        if their in-memory arrays differ (each rank passed its own shard),
+        every rank would train on a slice of its shard: 1/P of the rows.
+        `num_batches`: this rank's batches per epoch (None: unknown);
+        `fingerprint`: (rows, hash) of its arrays (`data_fingerprint`), or
+        None. One all-gather of four integers. Asynchronous workers are not
+        in step (a collective could wait on a dead worker): not checked.
         """
         if self.remote_updates is not None:
             return
-        mine = tf.constant([-1 if num_batches is None else num_batches], tf.int64)
+        rows, digest = fingerprint if fingerprint is not None else (-1, -1)
+        mine = tf.constant([[-1 if num_batches is None else num_batches, rows, digest]], tf.int64)
         every_rank = self._communicator.all_gather(mine).numpy().tolist()
-        known = [n for n in every_rank if n >= 0]
+        rank = self._cluster.rank
+        known = [batches for batches, _, _ in every_rank if batches >= 0]
         if len(set(known)) > 1:
             raise ValueError(
-                f"tfdist rank {self._cluster.rank}: the ranks were given different amounts of "
-                f"data (batches per epoch by rank: {every_rank}). Pass the same full data set "
-                "on every rank; tfdist gives each rank its slice of every global batch."
-            )
+                f"tfdist rank {rank}: the ranks were given different amounts of data (batches "
+                f"per epoch by rank: {[batches for batches, _, _ in every_rank]}). Pass the same "
+                "full data set on every rank; tfdist gives each rank its slice of every global "
+                "batch.")
+        fingerprinted = [(rows, digest) for _, rows, digest in every_rank if rows >= 0]
+        if len(fingerprinted) == len(every_rank) and len(set(fingerprinted)) > 1:
+            raise ValueError(
+                f"tfdist rank {rank}: the ranks were given different data (rows by rank: "
+                f"{[rows for _, rows, _ in every_rank]}; the arrays differ in content). Pass "
+                "the same full data set on every rank, with the same order: tfdist gives each "
+                "rank its slice of every global batch, so a rank that keeps only its own shard "
+                "(x[rank::world]) trains on a fraction of the data. For a per-rank input "
+                "pipeline, build it in strategy.distribute_datasets_from_function(dataset_fn) "
+                "and pass the result to fit.")
 
     def any_rank(self, flag, training=False):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce).

@@ -62,6 +62,7 @@ from keras.src.losses import loss as keras_loss_module
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.trainers import trainer as keras_trainer_module
+from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
@@ -70,6 +71,7 @@ from tfdist import _tf
 from tfdist.strategies import profiling
 from tfdist.strategies import replica_step
 from tfdist.strategies.checkpoint_files import save_backup, save_model_atomically
+from tfdist.strategies.data_fingerprint import array_fingerprint
 
 SUPPORTED_KERAS = ((3, 15), (3, 16))  # [lowest, highest) major.minor: pyproject's keras>=3.15,<3.16
 
@@ -179,6 +181,8 @@ def _keras_changes():
         "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights": lambda: all(
             callable(getattr(keras.Model, name)) for name in (
                 "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")),
+        "ArrayDataAdapter._inputs (the arrays fit was given)": lambda: (
+            "_inputs" in _names_used(ArrayDataAdapter.__init__)),
         "GeneratorDataAdapter.get_tf_dataset": lambda: (
             callable(vars(GeneratorDataAdapter)["get_tf_dataset"])),
         "CallbackList(callbacks, add_history, add_progbar, model)": lambda: (
@@ -939,6 +943,13 @@ def note_multi_process_strategy():
     _multi_process[0] = True
 
 
+def _in_memory_fingerprint(adapter):
+    """`data_fingerprint.array_fingerprint` of the arrays `fit` was given, or None."""
+    if not isinstance(adapter, ArrayDataAdapter):
+        return None
+    return array_fingerprint(keras.tree.flatten(adapter._inputs))  # pylint: disable=protected-access
+
+
 def install_data_recording():
     """Record the data of every epoch iterator, and compare epoch lengths across ranks.
 
@@ -963,7 +974,8 @@ def install_data_recording():
             epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
         _latest_data_adapter = weakref.ref(self.data_adapter)
         if _is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
-            distribute_strategy.extended.check_same_number_of_batches(self.num_batches)
+            distribute_strategy.extended.check_same_data(
+                self.num_batches, _in_memory_fingerprint(self.data_adapter))
 
     TFEpochIterator.__init__ = iterator_init
 
