@@ -124,8 +124,23 @@ class HorovodCommunicator(Communicator):
         return self._hvd.allreduce(tensor, op=self._hvd.Sum)
 
     def grouped_all_reduce(self, tensors):
-        """Element-wise sums of several tensors, negotiated and fused as one group."""
-        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum)
+        """Element-wise sums of several tensors, negotiated and fused as one group per dtype.
+
+        Horovod's group takes tensors of one dtype (metric state may hold
+        int64 counts next to float32 gradients): one group per dtype, in
+        order of first appearance, the same on every rank.
+        """
+        tensors = list(tensors)
+        by_dtype = {}
+        for position, tensor in enumerate(tensors):
+            by_dtype.setdefault(tensor.dtype, []).append(position)
+        results = [None] * len(tensors)
+        for positions in by_dtype.values():
+            summed = self._hvd.grouped_allreduce([tensors[p] for p in positions],
+                                                 op=self._hvd.Sum)
+            for position, total in zip(positions, summed):
+                results[position] = total
+        return results
 
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ)."""

@@ -1,0 +1,150 @@
+"""Scripts a new user brings train on N processes as the plain script trains on one.
+
+tests/scripts/real_world.py holds keras.io- and TF-guide-style cases the
+keras_patterns suite does not walk: the TensorFlow guide's custom training
+loops (`strategy.run`, `distribute_datasets_from_function`, `tf.train.Checkpoint`),
+a recurrent tagger with a masked per-token loss, keras.io's Transformer
+classifier (a position embedding), loss reductions by other denominators
+than rows, shuffles seeded by `set_random_seed`, multi-input predict,
+integer-state metrics, a checkpoint loaded right after `fit`, transfer
+learning, added losses and `fit` on per-rank pipelines.
+
+The reference is the *plain* script: no tfdist at all, the default
+`tf.distribute` strategy (`--strategy plain`). Every configuration must
+reproduce its weights, history, evaluation and predictions, and all ranks
+must agree exactly. The one case that cannot match by construction,
+`mixed_float16_regression` (float16 rounds a sum over P slices differently
+and may overflow elsewhere: README), must equal the plain script computing
+each step as P slices (`--slices P`) instead.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import failure_report, horovodrun, script, tfdist_run
+
+RTOL, ATOL = 1e-5, 1e-4
+SLICED_REFERENCE = "mixed_float16_regression"  # compared with `--slices P`, not the plain run
+FAST_SUBSET = ("guide_custom_loop,multi_worker_custom_loop,sequence_tagger,transformer_classifier,"
+               "loss_reductions,metric_dtypes,multi_input_predict,checkpoint_reload,"
+               "mixed_float16_regression")
+
+
+def load(prefix, world):
+    return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
+
+
+def plain_run(prefix, *options):
+    done = subprocess.run([sys.executable, script("real_world.py"), prefix, "--strategy", "plain",
+                           *options], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return load(prefix, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """`get(world)`: the plain run, with the float16 case's sliced run for `world` (cached)."""
+    directory = tmp_path_factory.mktemp("real_world")
+    plain = plain_run(str(directory / "plain"))
+    cache = {1: plain}
+
+    def get(world):
+        if world not in cache:
+            sliced = plain_run(str(directory / f"sliced{world}"), "--slices", str(world),
+                               "--cases", SLICED_REFERENCE)
+            cache[world] = {**plain, **sliced}
+        return cache[world]
+
+    return get
+
+
+def run(tmp_path, world, strategy_args, cases=None, launcher=tfdist_run):
+    prefix = str(tmp_path / f"np{world}")
+    args = [script("real_world.py"), prefix, "--workdir", str(tmp_path)] + strategy_args
+    if cases:
+        args += ["--cases", cases]
+    done = launcher(world, args, timeout=900, run_timeout=180)
+    assert done.returncode == 0, failure_report(done)
+    return load(prefix, world)
+
+
+def assert_matches_plain_script(reference, ranks):
+    chief = ranks[0]
+    cases = sorted({key.split("/")[0] for key in chief})
+    assert cases, "the worker script ran no case"
+    for key, value in chief.items():
+        for rank, other in enumerate(ranks[1:], start=1):
+            np.testing.assert_array_equal(other[key], value,
+                                          err_msg=f"rank {rank} differs from rank 0 in {key}")
+        assert key in reference, f"{key} missing from the plain run"
+        np.testing.assert_allclose(value, reference[key], rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{len(ranks)} processes differ from the plain "
+                                           f"script in {key}")
+    return cases
+
+
+def test_plain_reference_trains_every_case(references):
+    reference = references(1)
+    cases = {key.split("/")[0] for key in reference}
+    assert len(cases) == 15
+    history = reference["guide_custom_loop/h_loss"]
+    assert history[-1] < history[0]
+    assert reference["sequence_tagger/h_loss"][-1] < reference["sequence_tagger/h_loss"][0]
+    # Loaded right after fit: the best epoch's weights, which training then changes.
+    assert not np.allclose(reference["checkpoint_reload/loaded_w0"],
+                           reference["checkpoint_reload/w0"])
+    assert reference["multi_worker_custom_loop/local_results"] == 1
+
+
+def test_sliced_reference_differs_from_the_plain_script_in_float16(references):
+    """The float16 noise floor is real: the sliced one-process run is not the plain one."""
+    plain, sliced = references(1), references(2)
+    key = f"{SLICED_REFERENCE}/w0"
+    assert not np.allclose(plain[key], sliced[key], atol=1e-6)
+
+
+def test_ring_collective_three_processes(references, tmp_path):
+    """Every case at 3 processes (193 rows in batches of 32 split 10/11/11, empty slices)."""
+    ranks = run(tmp_path, 3, ["--strategy", "ring", "--backend", "collective"])
+    assert len(assert_matches_plain_script(references(3), ranks)) == 15
+
+
+def test_reduction_tree_two_processes(references, tmp_path):
+    ranks = run(tmp_path, 2, ["--strategy", "tree"], cases=FAST_SUBSET)
+    assert_matches_plain_script(references(2), ranks)
+
+
+def test_parameter_server_two_processes(references, tmp_path):
+    ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=FAST_SUBSET)
+    assert_matches_plain_script(references(2), ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_collective(references, tmp_path, world):
+    assert_matches_plain_script(references(world),
+                                run(tmp_path, world, ["--backend", "collective"]))
+
+
+@pytest.mark.slow
+def test_reduction_tree_three_processes(references, tmp_path):
+    assert_matches_plain_script(references(3), run(tmp_path, 3, ["--strategy", "tree"]))
+
+
+@pytest.mark.slow
+def test_parameter_server_three_workers_two_servers(references, tmp_path):
+    ranks = run(tmp_path, 3, ["--strategy", "ps"], launcher=lambda world, args, **kw: tfdist_run(
+        world, args, launcher=["--num-servers", "2"], **kw))
+    assert_matches_plain_script(references(3), ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.parametrize("world", [2, 3])
+def test_horovod(references, tmp_path, world):
+    assert_matches_plain_script(references(world),
+                                run(tmp_path, world, ["--backend", "horovod"],
+                                    launcher=horovodrun))
