@@ -21,6 +21,10 @@ from helpers import failure_report, horovodrun, script, tfdist_run
 # Float summation order differs between 1 and N processes; losses of the
 # clipping case are in the thousands, hence the relative term.
 RTOL, ATOL = 1e-5, 1e-4
+# float16 rounds a gradient summed over slices differently from one over the whole batch
+# (2^-11 per rounding); how much depends on the CPU's float16 kernels (README, "Mixed
+# precision"; tests/test_real_world.py compares with one process computing P slices exactly).
+FLOAT16_CASES, FLOAT16_RTOL, FLOAT16_ATOL = ("mixed_precision",), 2e-3, 1e-3
 # Cases that cannot match one process by construction: per-rank BatchNorm
 # batch statistics (README), and an unseeded run (its own random draws).
 RANK_AGREEMENT_ONLY = ("batchnorm_empty_slices", "pydataset_unseeded")
@@ -62,7 +66,9 @@ def assert_matches_one_process(reference, ranks):
         if key.startswith(RANK_AGREEMENT_ONLY):
             continue
         assert key in reference, f"{key} missing from the single-process run"
-        np.testing.assert_allclose(value, reference[key], rtol=RTOL, atol=ATOL,
+        rtol, atol = ((FLOAT16_RTOL, FLOAT16_ATOL) if key.startswith(FLOAT16_CASES)
+                      else (RTOL, ATOL))
+        np.testing.assert_allclose(value, reference[key], rtol=rtol, atol=atol,
                                    err_msg=f"{len(ranks)} processes differ from 1 in {key}")
     return cases
 
