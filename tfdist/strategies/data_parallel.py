@@ -43,9 +43,9 @@ from tfdist.aggregation.parameter_server.async_client import bytes_by_server, va
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.strategies import keras_patches
-from tfdist.strategies.checkpoint_files import install_chief_only_checkpoint_writes
 from tfdist.strategies import replica_step
 from tfdist.strategies.batch_dependence import reads_batch
+from tfdist.strategies.checkpoint_files import install_chief_only_checkpoint_writes
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
@@ -284,17 +284,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return self._sum_slices_of_shared_indices(slices, weight)
         rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
         values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))[:rows]
-        indices = slices.indices[:rows]
-        counters = self.communication_counters
-        mine = (tf.size(values, tf.int64) * values.dtype.size
-                + tf.size(indices, tf.int64) * indices.dtype.size) if counters.active else 0
-        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
-            gathered = counters.timed(
-                [values, indices],
-                lambda: (self._communicator.all_gather(values),
-                         self._communicator.all_gather(indices)),
-                payload_bytes=mine, sent_bytes=mine * (self._cluster.world_size - 1))
-        return tf.IndexedSlices(gathered[0], gathered[1], slices.dense_shape)
+        values, indices = self._gathered_sparse_gradients([values, slices.indices[:rows]])
+        return tf.IndexedSlices(values, indices, slices.dense_shape)
 
     def _sum_slices_of_shared_indices(self, slices, weight):
         """Sum over ranks of the weighted values of slices whose indices every rank shares.
@@ -303,12 +294,20 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         few for a position embedding).
         """
         values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))
-        world = self._cluster.world_size
-        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
-            gathered = self._communicator.all_gather(values)
-        per_rank = tf.reshape(gathered, tf.concat([[world, -1], tf.shape(values)[1:]], axis=0))
+        gathered, = self._gathered_sparse_gradients([values])
+        per_rank = tf.reshape(gathered, tf.concat(
+            [[self._cluster.world_size, -1], tf.shape(values)[1:]], axis=0))
         summed = tf.ensure_shape(tf.reduce_sum(per_rank, axis=0), values.shape)
         return tf.IndexedSlices(summed, slices.indices, slices.dense_shape)
+
+    def _gathered_sparse_gradients(self, tensors):
+        """Every rank's `tensors`, concatenated in rank order (named and counted)."""
+        counters = self.communication_counters
+        mine = sum(tf.size(t, tf.int64) * t.dtype.size for t in tensors) if counters.active else 0
+        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
+            return counters.timed(
+                tensors, lambda: tuple(self._communicator.all_gather(t) for t in tensors),
+                payload_bytes=mine, sent_bytes=mine * (self._cluster.world_size - 1))
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -360,7 +359,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         every rank would train on a slice of its shard: 1/P of the rows.
         `num_batches`: this rank's batches per epoch (None: unknown);
         `fingerprint`: (rows, hash) of its arrays (`data_fingerprint`), or
-        None. One all-gather of four integers. Asynchronous workers are not
+        None. One all-gather of three integers. Asynchronous workers are not
         in step (a collective could wait on a dead worker): not checked.
         """
         if self.remote_updates is not None:
