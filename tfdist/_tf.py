@@ -124,3 +124,10 @@ def wrap_checkpoint_writes(wrapper):
         return wrapper(write, self, file_prefix, options)
 
     checkpoint_module.Checkpoint._write = _write  # pylint: disable=protected-access
+
+
+def run_checkpoint_write_callbacks(callbacks, save_path):
+    """What `tf.train.Checkpoint` runs after a write (`save` updates the `checkpoint` file)."""
+    from tensorflow.python.checkpoint import checkpoint as checkpoint_module
+
+    checkpoint_module._execute_callbacks(callbacks, save_path)  # pylint: disable=protected-access

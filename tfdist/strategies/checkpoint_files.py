@@ -20,12 +20,13 @@ renames.
 Cost: the same bytes written once, plus one rename per file.
 """
 
+import copy
 import glob
 import json
 import os
+import shutil
 
 import tensorflow as tf
-from absl import logging
 
 from tfdist import _tf
 
@@ -137,31 +138,50 @@ def save_backup(model, paths, previous_paths, training_state):
                 os.remove(temporary)
 
 
-_chief_only_checkpoints = [False]
+_private_checkpoint_writes = [False]
 
 
-def install_chief_only_checkpoint_writes(is_chief):
-    """`tf.train.Checkpoint` writes files on the chief only (once per process).
+def install_private_checkpoint_writes():
+    """Several processes may write one `tf.train.Checkpoint` prefix at once (once per process).
 
     In a multi-process job every rank runs the same custom loop, so every
-    rank calls `checkpoint.save(prefix)` with the same prefix; TensorFlow's
-    writers of one checkpoint from several processes share temporary names
-    and fail or tear each other's files. As `Model.save` does, the chief
-    writes and the other ranks write nothing: their save counter still
-    counts, and `save`/`write` return the path the chief writes. A rank
-    reads the chief's file safely after any later collective (the next
-    step) or barrier, which orders it after the write.
+    rank calls `checkpoint.save(prefix)`, often with the same prefix (the
+    TensorFlow guide's loop), sometimes with its own (the multi-worker
+    guide's temporary directories, which each rank then deletes). TensorFlow
+    writes a checkpoint through a temporary `<prefix>_temp` directory of
+    fixed name, so writers of one prefix in several processes fail or tear
+    each other's files. Here each process writes into a private staging
+    directory beside the target (`.<name>.tfdist-<pid>`) and moves the
+    finished files over the target with `os.replace`, data files first and
+    the index last; every rank holds the same values, so whichever rank's
+    file a reader sees is the same checkpoint. The `checkpoint` state file
+    (`tf.train.latest_checkpoint`) is then updated for the real path, as
+    `save` would; TensorFlow writes it atomically. Remote filesystems
+    (gs://, ...) and asynchronous checkpoints are left to TensorFlow.
+
+    Cost: one rename per file, per save.
     """
-    if _chief_only_checkpoints[0]:
+    if _private_checkpoint_writes[0]:
         return
-    _chief_only_checkpoints[0] = True
-    if is_chief:
-        return
+    _private_checkpoint_writes[0] = True
+    _tf.wrap_checkpoint_writes(_write_privately_then_move)
 
-    def chief_only(write, checkpoint, file_prefix, options):
-        del write, checkpoint, options
-        logging.log_first_n(logging.INFO, "tfdist: tf.train.Checkpoint writes skipped on "
-                            "non-chief rank (the chief writes them)", 1)
-        return file_prefix
 
-    _tf.wrap_checkpoint_writes(chief_only)
+def _write_privately_then_move(write, checkpoint, file_prefix, options):
+    file_prefix = os.fspath(file_prefix)
+    if (not _is_local(file_prefix)
+            or (options is not None and options.experimental_enable_async_checkpoint)):
+        return write(checkpoint, file_prefix, options)
+    directory, name = os.path.split(os.path.abspath(file_prefix))
+    staging = os.path.join(directory, f".{name}.tfdist-{os.getpid()}")
+    callbacks = list(options.experimental_write_callbacks or []) if options else []
+    private = copy.copy(options) if options is not None else tf.train.CheckpointOptions()
+    private.experimental_write_callbacks = None
+    write(checkpoint, os.path.join(staging, name), private)
+    written = sorted(glob.glob(os.path.join(glob.escape(staging), glob.escape(name) + ".*")),
+                     key=lambda path: path.endswith(".index"))  # the index last
+    for path in written:
+        os.replace(path, os.path.join(directory, os.path.basename(path)))
+    shutil.rmtree(staging, ignore_errors=True)
+    _tf.run_checkpoint_write_callbacks(callbacks, file_prefix)
+    return file_prefix

@@ -45,7 +45,7 @@ from tfdist.errors import ClusterError
 from tfdist.strategies import keras_patches
 from tfdist.strategies import replica_step
 from tfdist.strategies.batch_dependence import reads_batch
-from tfdist.strategies.checkpoint_files import install_chief_only_checkpoint_writes
+from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
@@ -677,7 +677,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         if self.world_size > 1:
             keras_patches.note_multi_process_strategy()
-            install_chief_only_checkpoint_writes(self.is_chief)
+            install_private_checkpoint_writes()
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
             align_random_state(extended.communicator)
         if extended._cluster.is_chief:  # pylint: disable=protected-access
