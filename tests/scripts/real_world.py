@@ -330,6 +330,40 @@ def case_sequence_tagger(strategy):
                    model.predict(x, batch_size=16, verbose=0))
 
 
+class CustomNonPaddingTokenLoss(keras.losses.Loss):
+    """keras.io's NER example loss, as written there: a mean over the non-padding tokens."""
+
+    def __init__(self, name="custom_ner_loss"):
+        super().__init__(name=name)
+
+    def call(self, y_true, y_pred):
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=False, reduction=None)
+        loss = loss_fn(y_true, y_pred)
+        mask = ops.cast((y_true > 0), dtype="float32")
+        loss = loss * mask
+        return ops.sum(loss) / ops.sum(mask)
+
+
+def case_ner_custom_loss(strategy):
+    """keras.io's NER pattern: a per-token classifier whose `Loss.call` divides by the tokens.
+
+    The loss is a ratio of two batch sums computed inside `call`; one
+    process divides by the global batch's non-padding tokens.
+    """
+    keras.utils.set_random_seed(25)
+    x, y = tagged_sequences(70, length=8, tags=5, seed=18)
+    y = np.where(x > 0, y + 1, 0).astype("int32")  # tag 0 is padding, as in the example
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,), dtype="int32"), layers.Embedding(VOCAB, 8),
+                                  layers.Dense(16, activation="relu"),
+                                  layers.Dense(6, activation="softmax")])
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss=CustomNonPaddingTokenLoss())
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, validation_data=(x, y))
+    return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True),
+                   model.predict(x, batch_size=16, verbose=0))
+
+
 class TransformerBlock(layers.Layer):
     """keras.io "Text classification with Transformer", as written there."""
 

@@ -15,6 +15,11 @@ holds rows of the same global batch, so a dimension other than the first
 (`tf.shape(x)[1]`, a sequence length) is the same on every rank and does not
 count; the first (the slice's rows) does.
 
+The same test finds the denominator of a hand-written mean over the batch,
+a scalar loss computed as `ops.sum(loss * mask) / ops.sum(mask)` (keras.io's
+per-token NER loss): a ratio of two values that both read the batch
+(`batch_ratio_denominator`), whose global value is the ratio of the sums.
+
 Cost: one walk over the ancestors of the tensor, once per trace.
 """
 
@@ -55,3 +60,30 @@ def _is_non_batch_dimension(op):
             return False
         dimension += rank
     return dimension >= 1
+
+
+_DIVISIONS = ("RealDiv", "DivNoNan", "Div")
+_PASS_THROUGH = ("Identity", "Cast")
+
+
+def batch_ratio_denominator(tensor, input_tensors):
+    """The denominator of a scalar `tensor` computed as a ratio of two batch values, or None.
+
+    `sum(loss * mask) / sum(mask)` over one process's batch is a ratio of
+    sums; on P processes its value is the ratio of the sums over all ranks,
+    which the caller computes from this denominator. None when `tensor` is
+    not such a division (a `Mean` op, a constant-weighted value).
+    """
+    if not hasattr(tensor, "op") or tensor.shape.rank != 0:
+        return None
+    op = tensor.op
+    while op.type in _PASS_THROUGH:
+        op = op.inputs[0].op
+    if op.type not in _DIVISIONS:
+        return None
+    numerator, denominator = op.inputs[0], op.inputs[1]
+    if denominator.shape.rank != 0:
+        return None
+    if reads_batch(numerator, input_tensors) and reads_batch(denominator, input_tensors):
+        return denominator
+    return None

@@ -70,6 +70,7 @@ from tfdist import __version__ as tfdist_version
 from tfdist import _tf
 from tfdist.strategies import profiling
 from tfdist.strategies import replica_step
+from tfdist.strategies.batch_dependence import batch_ratio_denominator
 from tfdist.strategies.checkpoint_files import save_backup, save_model_atomically
 from tfdist.strategies.data_fingerprint import array_fingerprint
 
@@ -671,9 +672,11 @@ def _install_global_loss_denominators():
     where tfdist weights per-slice values by rows. The terms whose
     denominator is not proportional to the rows are rescaled here
     (`ReplicaStep.weight_for_global_denominator`), so that the step's
-    share weighting gives each term's global value. Keras' own steps and
-    custom `train_step`s that call a `keras.losses.Loss` get this; a user's
-    function in `strategy.run` scales its losses itself.
+    share weighting gives each term's global value. So is a `Loss` whose
+    `call` returns its own ratio of batch sums (keras.io's NER loss,
+    `ops.sum(loss * mask) / ops.sum(mask)`; `batch_ratio_denominator`).
+    Keras' own steps and custom `train_step`s that call a `keras.losses.Loss`
+    get this; a user's function in `strategy.run` scales its losses itself.
     """
     reduce_weighted_values = keras_loss_module.reduce_weighted_values
 
@@ -688,7 +691,12 @@ def _install_global_loss_denominators():
             return loss
         reduction = keras_loss_module.standardize_reduction(reduction)
         values = keras.ops.convert_to_tensor(values, dtype=dtype)
-        if reduction in (None, "none") or values.shape.rank == 0 or len(loss.shape) != 0:
+        if values.shape.rank == 0:  # reduced by the loss itself: a hand-written mean?
+            denominator = batch_ratio_denominator(values, step.inputs)
+            if denominator is None or sample_weight is not None or mask is not None:
+                return loss
+            return step.weight_for_global_denominator(loss, denominator)
+        if reduction in (None, "none") or len(loss.shape) != 0:
             return loss  # no reduction: the caller reduces (and is weighted by rows)
         if reduction == "sum":
             return step.weight_for_global_denominator(loss, None)
@@ -723,8 +731,8 @@ def _install_build_without_peeking():
     every iteration (its default) then draws one more order than the same
     script without a strategy, and every epoch trains on other batches than
     one process does. tfdist builds from the dataset's element spec (shapes
-    and dtypes are all a symbolic build reads), and not at all once the
-    model, its loss, metrics and optimizer are built.
+    and dtypes are all a symbolic build reads); a model Keras cannot build
+    symbolically is built when its step is traced, as without a strategy.
     """
     trainer = keras_tf_trainer_module.TensorFlowTrainer
     maybe_symbolic_build = trainer._maybe_symbolic_build  # pylint: disable=protected-access
@@ -738,7 +746,13 @@ def _install_build_without_peeking():
         spec = tf.nest.map_structure(
             lambda s: None if isinstance(s, tf.OptionalSpec) else s, dataset.element_spec)
         with self.distribute_strategy.scope():
-            self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
+            try:
+                self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
+            except RuntimeError as error:
+                # A model Keras cannot build symbolically (keras.io's GAN has no `call`):
+                # built when its step is traced, as Keras does without a strategy.
+                logging.log_first_n(logging.INFO, "tfdist: %s is built when its step is traced "
+                                    "(%s)", 1, self.name, str(error).split(".")[0])
 
     trainer._maybe_symbolic_build = build_from_spec  # pylint: disable=protected-access
 
