@@ -42,6 +42,7 @@ from tfdist.aggregation.counters import CommunicationCounters
 from tfdist.aggregation.parameter_server.async_client import bytes_by_server, variable_bytes
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
+from tfdist.strategies import average_loss
 from tfdist.strategies import keras_patches
 from tfdist.strategies import replica_step
 from tfdist.strategies.batch_dependence import reads_batch
@@ -678,6 +679,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         if self.world_size > 1:
             keras_patches.note_multi_process_strategy()
             install_private_checkpoint_writes()
+            average_loss.install(lambda step: step.scaled_by_user)
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
             align_random_state(extended.communicator)
         if extended._cluster.is_chief:  # pylint: disable=protected-access

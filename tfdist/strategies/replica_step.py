@@ -104,6 +104,10 @@ class ReplicaStep:
         if tf.compat.v1.get_default_graph() is self._graph:
             self._global_rows = rows  # not inside a cond/loop branch: reusable for the step
 
+    def sum_over_ranks(self, value):
+        """float32 sum over ranks of the float32 scalar `value` (one small all-reduce)."""
+        return self._sum_over_ranks([tf.reshape(value, [1])])[0][0]
+
     def sum_with_rows(self, value):
         """float32 sum over ranks of the float32 scalar `value`, before the step's end.
 
@@ -111,7 +115,7 @@ class ReplicaStep:
         global one is not known yet (then `global_rows` costs nothing more).
         """
         if self.rows_known:
-            return self._sum_over_ranks([tf.reshape(value, [1])])[0][0]
+            return self.sum_over_ranks(value)
         summed = self._sum_over_ranks([tf.stack([value, self.rows_weight(tf.float32)])])[0]
         self._remember_global_rows(summed[1])
         return summed[0]
