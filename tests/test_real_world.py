@@ -7,7 +7,8 @@ a recurrent tagger with a masked per-token loss, keras.io's NER loss (its
 own mean over the non-padding tokens), keras.io's Transformer
 classifier (a position embedding), loss reductions by other denominators
 than rows, shuffles seeded by `set_random_seed`, multi-input predict,
-integer-state metrics, a checkpoint loaded right after `fit`, transfer
+integer-state metrics, slices after which only some ranks trace a step
+again, a checkpoint loaded right after `fit`, transfer
 learning, added losses and `fit` on per-rank pipelines.
 
 The reference is the *plain* script: no tfdist at all, the default
@@ -30,7 +31,8 @@ from helpers import failure_report, horovodrun, script, tfdist_run
 RTOL, ATOL = 1e-5, 1e-4
 SLICED_REFERENCE = "mixed_float16_regression"  # compared with `--slices P`, not the plain run
 # What differs between aggregators: static shapes, sparse and integer sums, custom loops.
-FAST_SUBSET = "guide_custom_loop,sequence_tagger,transformer_classifier,metric_dtypes,ner_custom_loss"
+FAST_SUBSET = ("guide_custom_loop,sequence_tagger,transformer_classifier,metric_dtypes,"
+               "ner_custom_loss,slices_that_retrace_on_some_ranks")
 
 
 def load(prefix, world):
@@ -89,7 +91,7 @@ def assert_matches_plain_script(reference, ranks):
 def test_plain_reference_trains_every_case(references):
     reference = references(1)
     cases = {key.split("/")[0] for key in reference}
-    assert len(cases) == 16
+    assert len(cases) == 17
     history = reference["guide_custom_loop/h_loss"]
     assert history[-1] < history[0]
     assert reference["sequence_tagger/h_loss"][-1] < reference["sequence_tagger/h_loss"][0]
@@ -109,7 +111,7 @@ def test_sliced_reference_differs_from_the_plain_script_in_float16(references):
 def test_ring_collective_three_processes(references, tmp_path):
     """Every case at 3 processes (193 rows in batches of 32 split 10/11/11, empty slices)."""
     ranks = run(tmp_path, 3, ["--strategy", "ring", "--backend", "collective"])
-    assert len(assert_matches_plain_script(references(3), ranks)) == 16
+    assert len(assert_matches_plain_script(references(3), ranks)) == 17
 
 
 def test_reduction_tree_two_processes(references, tmp_path):

@@ -131,3 +131,38 @@ def run_checkpoint_write_callbacks(callbacks, save_path):
     from tensorflow.python.checkpoint import checkpoint as checkpoint_module
 
     checkpoint_module._execute_callbacks(callbacks, save_path)  # pylint: disable=protected-access
+
+
+def traced_function():
+    """(The innermost `tf.function` being traced on this thread, the FuncGraph of its trace).
+
+    (None, None) when nothing is traced (eager execution, `tf.init_scope`) or
+    the trace is not a `tf.function`'s. Found from the Python stack: the
+    tracing frames of `tf.function` are methods of its `Function` object,
+    and the trace's graph is the `FuncGraph` named after it (a `tf.cond` or
+    `tf.while_loop` inside adds graphs of its own, nested in it).
+    """
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tensorflow.python.framework import func_graph
+    from tensorflow.python.framework import ops
+
+    if context.executing_eagerly():
+        return None, None
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None:
+        if "self" in frame.f_code.co_varnames[:1]:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, polymorphic_function.Function):
+                break
+        frame = frame.f_back
+    else:
+        return None, None
+    name = getattr(candidate, "_name", None)
+    graph = ops.get_default_graph()
+    while isinstance(graph, func_graph.FuncGraph):
+        if type(graph) is func_graph.FuncGraph and graph.name == name:  # pylint: disable=unidiomatic-typecheck
+            return candidate, graph
+        graph = graph.outer_graph
+    return None, None

@@ -553,6 +553,35 @@ def case_multi_input_predict(strategy):
                    as_list, as_dict=as_dict, on_batch=on_batch)
 
 
+def case_slices_that_retrace_on_some_ranks(strategy):
+    """63 rows in batches of 32: slices 16/16 then 15/16 on 2 processes (10/11/11 then
+    10/10/11 on 3, 8/8/8/8 then 7/8/8/8 on 4): some ranks trace their step again, others not.
+
+    `predict` and a custom loop that hands each batch to a `tf.function`.
+    """
+    keras.utils.set_random_seed(42)
+    x = np.random.default_rng(19).normal(size=(63, 4)).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), layers.Dense(3)])
+        optimizer = keras.optimizers.SGD(0.1)
+    predictions = model.predict(x, batch_size=32, verbose=0)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices(x).batch(32))
+
+    @tf.function
+    def step(batch):
+        def replica_step(rows):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(tf.reduce_sum(tf.square(model(rows)), axis=1))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(batch,)), axis=None)
+
+    losses = [float(step(batch)) for _ in range(2) for batch in dataset]
+    return results(model, predictions=predictions, h_loss=losses)
+
+
 # ------------------------------------------------------------------ metrics
 def case_metric_dtypes(strategy):
     """Per-pixel segmentation with integer-state IoU metrics and a zoo of others."""

@@ -31,12 +31,11 @@ to an exact sum.
 
 import abc
 import dataclasses
-import itertools
-import threading
 
 import tensorflow as tf
 
 from tfdist.aggregation.fusion import reverse_order_buckets
+from tfdist.comm.trace_counter import TraceStableCounter
 
 GRADIENTS = "gradients"
 STATE = "state"  # metric state, layer statistics, row counts, stop flags
@@ -48,8 +47,9 @@ class Bucket:
 
     Attributes:
         index: this bucket's number in the process, in the order the call
-            sites were traced (the same on every rank; a traced step reuses
-            its buckets at every call).
+            sites were traced (the same on every rank, also for a step traced
+            again: `trace_counter`; a traced step reuses its buckets at every
+            call).
         tensors: the tensors to sum, each of static shape.
         variables: for each tensor, the variable it is the gradient of, or
             None (state that is not a gradient).
@@ -124,8 +124,7 @@ class Aggregator(abc.ABC):
     first_bucket_bytes = None
 
     def __init__(self):
-        self._bucket_numbers = itertools.count()
-        self._bucket_lock = threading.Lock()
+        self._bucket_numbers = TraceStableCounter(span=64)
         # The process's `CommunicationCounters`, set by the strategy (None: not counted).
         self.counters = None
 
@@ -144,8 +143,7 @@ class Aggregator(abc.ABC):
         tensors = [with_static_shape(t, v) for t, v in zip(tensors, variables)]
         results = [None] * len(tensors)
         for positions in self.bucket_positions(tensors):
-            with self._bucket_lock:
-                index = next(self._bucket_numbers)
+            index = self._bucket_numbers.take()
             bucket = Bucket(index, tuple(tensors[p] for p in positions),
                             tuple(variables[p] for p in positions), kind)
             for position, total in zip(positions, self._reduce_named(bucket)):

@@ -8,7 +8,10 @@ alike. On CPU the reduction is TensorFlow's ring algorithm.
 Instance keys (which op on one rank matches which op on another) come from
 a per-process counter as collectives are created - eagerly, or when a
 function is traced - so ranks agree as long as they create the same
-collectives in the same order, which ranks running the same script do.
+collectives in the same order, which ranks running the same script do; a
+function traced again draws the same keys as its first trace
+(`trace_counter`), so ranks that trace it a different number of times
+(slices that differ in rows) still agree.
 
 Failure handling, all bounded by the job timeout (`tfdist.comm.liveness`):
 * a monitor thread probes every peer's port (plain TCP, no TensorFlow call
@@ -39,6 +42,7 @@ from tfdist import _tf
 from tfdist.comm.base import Communicator
 from tfdist.comm.liveness import PeerMonitor
 from tfdist.comm.ports import port_is_free
+from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
 
 WORLD_GROUP_KEY = 1
@@ -89,8 +93,7 @@ class CollectiveCommunicator(Communicator):
         self.addresses = tuple(cluster.worker_addresses)
         self.timeout = float(cluster.timeout)
         self.device = task_name(self.rank) + "/device:CPU:0"
-        self._next_key = FIRST_INSTANCE_KEY
-        self._key_lock = threading.Lock()
+        self._keys = TraceStableCounter(FIRST_INSTANCE_KEY)
         self._monitor = None  # watching starts once every peer has answered
         if len(self.addresses) != self.world_size:
             raise ClusterError(
@@ -192,7 +195,9 @@ class CollectiveCommunicator(Communicator):
 
         Keys are baked into traced functions and reused by every call, so all
         ranks must trace their collectives in the same order - true when they
-        run the same script, since tfdist issues no rank-dependent collectives.
+        run the same script, since tfdist issues no rank-dependent collectives
+        - and a function traced again (on some ranks only: slices differ in
+        rows) must get the same keys again (`trace_counter`).
         (Drawing keys at call time, as MultiWorkerMirroredStrategy does, breaks
         inside Keras' `steps_per_execution` loop: deferred captures cannot
         cross `tf.cond` / `tf.while_loop` graphs.)
@@ -206,10 +211,7 @@ class CollectiveCommunicator(Communicator):
         send, inner nodes receive too) reserve the same block on every rank
         and index into it, which keeps the counter in step across ranks.
         """
-        with self._key_lock:
-            key = self._next_key
-            self._next_key += int(count)
-        return key
+        return self._keys.take(count)
 
     # ------------------------------------------------------------ collectives
     @_waits_on_peers

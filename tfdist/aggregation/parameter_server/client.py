@@ -9,6 +9,7 @@ import weakref
 import tensorflow as tf
 
 from tfdist.aggregation.base import Aggregator, require_static_shapes
+from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.aggregation.fusion import FusionPlan, split_flat
 from tfdist.aggregation.parameter_server import protocol
 from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES, ShardPlan
@@ -76,8 +77,7 @@ class ParameterServerAggregator(Aggregator):
                         for k, address in enumerate(self.server_addresses)]
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_ps_step")
-        self._next_slot = 0
-        self._slot_lock = threading.Lock()
+        self._slots = TraceStableCounter(span=1024)
         self._chains = weakref.WeakKeyDictionary()  # graph -> {(server, "push"|"pull"): op}
         self._largest_logged = 0  # bytes of the largest buffer whose partition was printed
         self._stop = threading.Event()
@@ -148,10 +148,7 @@ class ParameterServerAggregator(Aggregator):
 
     # ---------------------------------------------------------- reduction
     def _reserve_slots(self, count):
-        with self._slot_lock:
-            first = self._next_slot
-            self._next_slot += count
-        return first
+        return self._slots.take(count)
 
     def _chained(self, server, kind, make_call):
         """Run `make_call()` after this graph's previous call of `kind` to `server`."""
