@@ -150,19 +150,35 @@ def traced_function():
 
     if context.executing_eagerly():
         return None, None
-    frame = sys._getframe(1)  # pylint: disable=protected-access
-    while frame is not None:
+    frame, function = sys._getframe(1), None  # pylint: disable=protected-access
+    while frame is not None and function is None:
         if "self" in frame.f_code.co_varnames[:1]:
             candidate = frame.f_locals.get("self")
             if isinstance(candidate, polymorphic_function.Function):
-                break
+                function = candidate
         frame = frame.f_back
-    else:
+    if function is None:
         return None, None
-    name = getattr(candidate, "_name", None)
+    name = getattr(function, "_name", None)
     graph = ops.get_default_graph()
     while isinstance(graph, func_graph.FuncGraph):
         if type(graph) is func_graph.FuncGraph and graph.name == name:  # pylint: disable=unidiomatic-typecheck
-            return candidate, graph
+            return function, graph
         graph = graph.outer_graph
     return None, None
+
+
+def computable_ahead(tensor):
+    """True if graph `tensor` depends on no input, variable or stateful op of its graph
+    (TensorFlow's graph optimizer may then compute it, and what it feeds, ahead)."""
+    pending, seen = [tensor.op], set()
+    while pending:
+        op = pending.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in ("Placeholder", "ReadVariableOp") or op._is_stateful:  # pylint: disable=protected-access
+            return False
+        pending.extend(t.op for t in op.inputs)
+        pending.extend(op.control_inputs)
+    return True

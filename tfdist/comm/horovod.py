@@ -29,6 +29,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from tfdist import _tf
 from tfdist import profile_request
 from tfdist.comm.base import Communicator
 from tfdist.errors import ClusterError
@@ -107,6 +108,24 @@ class HorovodCommunicator(Communicator):
                 "was this process started by horovodrun or tfdist-run --horovod?"
             )
         self.transport = "mpi" if hvd.mpi_enabled() else "gloo"
+        with tf.init_scope():
+            self._in_step = tf.Variable(0, trainable=False, name="tfdist_horovod_zero")
+
+    def _kept_in_step(self, tensors):
+        """`tensors`, each made to depend on a variable read if it is a constant of the graph.
+
+        Horovod registers its ops as stateless, so TensorFlow's graph
+        optimizer evaluates one whose input it can compute ahead (a slice's
+        row count under a static shape) while optimizing the function, once,
+        instead of in every step - and only on the ranks that optimize that
+        function then. A rank that traced the step again (its slice changed
+        shape) would wait for peers that summed that constant long ago.
+        Adding a variable's value (0) makes such an input stateful to read.
+        """
+        if tf.executing_eagerly():
+            return list(tensors)
+        return [t + tf.cast(self._in_step.read_value(), t.dtype) if _tf.computable_ahead(t) else t
+                for t in tensors]
 
     def start_engine_timeline(self, directory):
         """Horovod's timeline into `directory`/HOROVOD_TIMELINE_FILE (written by rank 0)."""
@@ -121,7 +140,7 @@ class HorovodCommunicator(Communicator):
 
     def all_reduce(self, tensor):
         """Element-wise sum of `tensor` over all ranks."""
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
+        return self._hvd.allreduce(self._kept_in_step([tensor])[0], op=self._hvd.Sum)
 
     def grouped_all_reduce(self, tensors):
         """Element-wise sums of several tensors, negotiated and fused as one group per dtype.
@@ -130,7 +149,7 @@ class HorovodCommunicator(Communicator):
         int64 counts next to float32 gradients): one group per dtype, in
         order of first appearance, the same on every rank.
         """
-        tensors = list(tensors)
+        tensors = self._kept_in_step(tensors)
         by_dtype = {}
         for position, tensor in enumerate(tensors):
             by_dtype.setdefault(tensor.dtype, []).append(position)
@@ -144,8 +163,9 @@ class HorovodCommunicator(Communicator):
 
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ)."""
-        return self._hvd.allgather(tf.convert_to_tensor(tensor))
+        return self._hvd.allgather(self._kept_in_step([tf.convert_to_tensor(tensor)])[0])
 
     def broadcast(self, tensor, root=0):
         """Every rank gets `root`'s `tensor`."""
-        return self._hvd.broadcast(tf.convert_to_tensor(tensor), root_rank=root)
+        return self._hvd.broadcast(self._kept_in_step([tf.convert_to_tensor(tensor)])[0],
+                                   root_rank=root)

@@ -31,6 +31,7 @@ def install(in_multi_process_step):
     _installed[0] = True
     original = tf.nn.compute_average_loss
 
+    @tf.autograph.experimental.do_not_convert  # tfdist's step code runs as written
     def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size=None):
         step = replica_step.current()
         if global_batch_size is None and step is not None and in_multi_process_step(step):
