@@ -22,7 +22,7 @@ install: $(STAMP)  ## create .venv and install tfdist with its dependencies
 demo: install  ## train a CNN on the bundled digits data with 2 processes
 	$(BIN)/tfdist-run -np $(NP) $(BIN)/python examples/digits.py
 
-test: install  ## the test suite (multi-process tests on loopback), ~12 min
+test: install  ## the test suite (multi-process tests on loopback), ~15-30 min
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) tests
 
 test-all: install  ## every test, including the slow scenarios

@@ -126,7 +126,43 @@ def train_equivalence(launch, world, prefix, *options, **launch_options):
     done = launch(world, [script("train_equivalence.py"), prefix, *options],
                   **{"timeout": 900, **launch_options})
     assert done.returncode == 0, failure_report(done)
-    return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
+    return load_ranks(prefix, world)
+
+
+def load_ranks(prefix, world):
+    """The arrays each rank of a case script saved as `<prefix>.rank<r>.npz`."""
+    return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
+
+
+def run_case_script(name, prefix, world, script_args, cases=None, launcher=None):
+    """Every rank's arrays from a case script (`keras_patterns.py`, `real_world.py`) on
+    `world` processes; `cases` is its comma-separated `--cases` list (all when None)."""
+    args = [script(name), prefix] + list(script_args) + (["--cases", cases] if cases else [])
+    done = (launcher or tfdist_run)(world, args, timeout=900, run_timeout=180)
+    assert done.returncode == 0, failure_report(done)
+    return load_ranks(prefix, world)
+
+
+def assert_ranks_match_reference(reference, ranks, tolerance, what, skip=()):
+    """Every rank saved the same arrays as rank 0, bit for bit, and rank 0's arrays equal
+    `reference`'s within `tolerance(key)` = (rtol, atol), except keys starting with `skip`.
+
+    `what` names the reference in messages. Returns the cases (key prefixes) compared.
+    """
+    chief = ranks[0]
+    cases = sorted({key.split("/")[0] for key in chief})
+    assert cases, "the worker script ran no case"
+    for key, value in chief.items():
+        for rank, other in enumerate(ranks[1:], start=1):
+            np.testing.assert_array_equal(other[key], value,
+                                          err_msg=f"rank {rank} differs from rank 0 in {key}")
+        if skip and key.startswith(tuple(skip)):
+            continue
+        assert key in reference, f"{key} missing from {what}"
+        rtol, atol = tolerance(key)
+        np.testing.assert_allclose(value, reference[key], rtol=rtol, atol=atol,
+                                   err_msg=f"{len(ranks)} processes differ from {what} in {key}")
+    return cases
 
 
 def only_configs(results, configs):

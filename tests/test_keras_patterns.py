@@ -13,10 +13,10 @@ reference run), and all ranks of a run must agree exactly.
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from helpers import failure_report, horovodrun, script, tfdist_run
+from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, run_case_script,
+                     script, tfdist_run)
 
 # Float summation order differs between 1 and N processes; losses of the
 # clipping case are in the thousands, hence the relative term.
@@ -31,10 +31,6 @@ RANK_AGREEMENT_ONLY = ("batchnorm_empty_slices", "pydataset_unseeded")
 SUBSET = "text_adam,multi_io_weights,clipping,mixed_precision,custom_low_level,predict_sequences"
 
 
-def load(prefix, world):
-    return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The single-process run every configuration is compared with (run once)."""
@@ -42,35 +38,21 @@ def reference(tmp_path_factory):
     done = subprocess.run([sys.executable, script("keras_patterns.py"), prefix],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return load(prefix, 1)[0]
+    return load_ranks(prefix, 1)[0]
 
 
-def run(tmp_path, world, strategy_args, cases=None, launcher=tfdist_run):
-    prefix = str(tmp_path / f"np{world}")
-    args = [script("keras_patterns.py"), prefix] + strategy_args
-    if cases:
-        args += ["--cases", cases]
-    done = launcher(world, args, timeout=900, run_timeout=180)
-    assert done.returncode == 0, failure_report(done)
-    return load(prefix, world)
+def run(tmp_path, world, strategy_args, cases=None, launcher=None):
+    return run_case_script("keras_patterns.py", str(tmp_path / f"np{world}"), world,
+                           strategy_args, cases, launcher)
+
+
+def tolerance(key):
+    return (FLOAT16_RTOL, FLOAT16_ATOL) if key.startswith(FLOAT16_CASES) else (RTOL, ATOL)
 
 
 def assert_matches_one_process(reference, ranks):
-    chief = ranks[0]
-    cases = sorted({key.split("/")[0] for key in chief})
-    assert cases, "the worker script ran no case"
-    for key, value in chief.items():
-        for rank, other in enumerate(ranks[1:], start=1):
-            np.testing.assert_array_equal(other[key], value,
-                                          err_msg=f"rank {rank} differs from rank 0 in {key}")
-        if key.startswith(RANK_AGREEMENT_ONLY):
-            continue
-        assert key in reference, f"{key} missing from the single-process run"
-        rtol, atol = ((FLOAT16_RTOL, FLOAT16_ATOL) if key.startswith(FLOAT16_CASES)
-                      else (RTOL, ATOL))
-        np.testing.assert_allclose(value, reference[key], rtol=rtol, atol=atol,
-                                   err_msg=f"{len(ranks)} processes differ from 1 in {key}")
-    return cases
+    return assert_ranks_match_reference(reference, ranks, tolerance, "one process",
+                                        skip=RANK_AGREEMENT_ONLY)
 
 
 def test_reference_trains_and_covers_every_pattern(reference):

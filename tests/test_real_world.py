@@ -26,7 +26,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import failure_report, horovodrun, script, tfdist_run
+from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, run_case_script,
+                     script, tfdist_run)
 
 RTOL, ATOL = 1e-5, 1e-4
 SLICED_REFERENCE = "mixed_float16_regression"  # compared with `--slices P`, not the plain run
@@ -35,15 +36,11 @@ FAST_SUBSET = ("guide_custom_loop,sequence_tagger,transformer_classifier,metric_
                "ner_custom_loss,slices_that_retrace_on_some_ranks")
 
 
-def load(prefix, world):
-    return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
-
-
 def plain_run(prefix, *options):
     done = subprocess.run([sys.executable, script("real_world.py"), prefix, "--strategy", "plain",
                            *options], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return load(prefix, 1)[0]
+    return load_ranks(prefix, 1)[0]
 
 
 @pytest.fixture(scope="module")
@@ -63,29 +60,14 @@ def references(tmp_path_factory):
     return get
 
 
-def run(tmp_path, world, strategy_args, cases=None, launcher=tfdist_run):
-    prefix = str(tmp_path / f"np{world}")
-    args = [script("real_world.py"), prefix, "--workdir", str(tmp_path)] + strategy_args
-    if cases:
-        args += ["--cases", cases]
-    done = launcher(world, args, timeout=900, run_timeout=180)
-    assert done.returncode == 0, failure_report(done)
-    return load(prefix, world)
+def run(tmp_path, world, strategy_args, cases=None, launcher=None):
+    return run_case_script("real_world.py", str(tmp_path / f"np{world}"), world,
+                           ["--workdir", str(tmp_path)] + strategy_args, cases, launcher)
 
 
 def assert_matches_plain_script(reference, ranks):
-    chief = ranks[0]
-    cases = sorted({key.split("/")[0] for key in chief})
-    assert cases, "the worker script ran no case"
-    for key, value in chief.items():
-        for rank, other in enumerate(ranks[1:], start=1):
-            np.testing.assert_array_equal(other[key], value,
-                                          err_msg=f"rank {rank} differs from rank 0 in {key}")
-        assert key in reference, f"{key} missing from the plain run"
-        np.testing.assert_allclose(value, reference[key], rtol=RTOL, atol=ATOL,
-                                   err_msg=f"{len(ranks)} processes differ from the plain "
-                                           f"script in {key}")
-    return cases
+    return assert_ranks_match_reference(reference, ranks, lambda key: (RTOL, ATOL),
+                                        "the plain script")
 
 
 def test_plain_reference_trains_every_case(references):

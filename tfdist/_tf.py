@@ -168,17 +168,29 @@ def traced_function():
     return None, None
 
 
-def computable_ahead(tensor):
-    """True if graph `tensor` depends on no input, variable or stateful op of its graph
-    (TensorFlow's graph optimizer may then compute it, and what it feeds, ahead)."""
+def has_ancestor(tensor, matches, skip=lambda op: False, control_inputs=False):
+    """True if `matches(op)` for an op graph `tensor` is computed from (its own op
+    included), not walking past ops where `skip(op)`; through control inputs too if
+    `control_inputs`. Cost: one walk over the ancestors, each op once."""
     pending, seen = [tensor.op], set()
     while pending:
         op = pending.pop()
         if op in seen:
             continue
         seen.add(op)
-        if op.type in ("Placeholder", "ReadVariableOp") or op._is_stateful:  # pylint: disable=protected-access
-            return False
+        if matches(op):
+            return True
+        if skip(op):
+            continue
         pending.extend(t.op for t in op.inputs)
-        pending.extend(op.control_inputs)
-    return True
+        if control_inputs:
+            pending.extend(op.control_inputs)
+    return False
+
+
+def computable_ahead(tensor):
+    """True if graph `tensor` depends on no input, variable or stateful op of its graph
+    (TensorFlow's graph optimizer may then compute it, and what it feeds, ahead)."""
+    return not has_ancestor(
+        tensor, lambda op: op.type in ("Placeholder", "ReadVariableOp") or op._is_stateful,  # pylint: disable=protected-access
+        control_inputs=True)

@@ -22,21 +22,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import tfdist  # noqa: E402
+from case_runner import STRATEGIES, cases_of, make_strategy, results, run_cases  # noqa: E402
 
 VOCAB = 40
-
-
-def results(model, history, evaluation=None, predictions=None, **extra):
-    """The arrays a test compares: weights, history, evaluation, predictions."""
-    out = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
-    out.update({f"h_{k}": np.asarray(v) for k, v in history.history.items()})
-    if evaluation is not None:
-        out.update({f"e_{k}": np.asarray(v) for k, v in evaluation.items()})
-    if predictions is not None:
-        out["predictions"] = np.asarray(predictions)
-    out.update({k: np.asarray(v) for k, v in extra.items()})
-    return out
 
 
 def token_data(rows, length=12, seed=0):
@@ -408,32 +396,18 @@ def case_batchnorm_empty_slices(strategy):
                                                   return_dict=True))
 
 
-CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
-
-
-def make_strategy(kind, backend):
-    if kind == "ring":
-        return tfdist.strategies.RingAllReduceStrategy(backend=backend)
-    if kind == "tree":
-        return tfdist.strategies.ReductionTreeStrategy(fanout=2)
-    return tfdist.strategies.ParameterServerStrategy()
+CASES = cases_of(globals())
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", help="output prefix; writes <out>.rank<R>.npz")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--strategy", choices=["ring", "tree", "ps"], default="ring")
+    parser.add_argument("--strategy", choices=STRATEGIES[1:], default="ring")
     parser.add_argument("--backend", default="auto")
     args = parser.parse_args()
     strategy = make_strategy(args.strategy, args.backend)
-    arrays = {}
-    for name in args.cases.split(","):
-        arrays.update({f"{name}/{k}": v for k, v in CASES[name](strategy).items()})
-        if strategy.is_chief:
-            print("case", name, "done", flush=True)
-    np.savez(f"{args.out}.rank{strategy.rank}.npz", **arrays)
-
+    run_cases(CASES, args.cases.split(","), strategy, args.out)
 
 if __name__ == "__main__":
     main()

@@ -45,25 +45,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
+from case_runner import STRATEGIES, cases_of, make_strategy, results, run_cases  # noqa: E402
+
 VOCAB = 50
 WORKDIR = ["."]  # --workdir: where checkpoint cases write (shared by the ranks)
-
-
-def results(model, history=None, evaluation=None, predictions=None, **extra):
-    """The arrays a test compares: weights, history, evaluation, predictions, extras."""
-    out = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
-    if history is not None:
-        out.update({f"h_{k}": np.asarray(v) for k, v in history.history.items()})
-    if evaluation is not None:
-        out.update({f"e_{k}": np.asarray(v) for k, v in evaluation.items()})
-    if predictions is not None:
-        out["predictions"] = np.asarray(predictions)
-    out.update({k: np.asarray(v) for k, v in extra.items()})
-    return out
-
-
-def rank_of(strategy):
-    return getattr(strategy, "rank", 0)
 
 
 # ------------------------------------------------------------- input order
@@ -754,26 +739,14 @@ def case_mixed_float16_regression(strategy):
         keras.mixed_precision.set_global_policy("float32")
 
 
-CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
-
-
-def make_strategy(kind, backend):
-    if kind == "plain":
-        return tf.distribute.get_strategy()
-    import tfdist  # pylint: disable=import-outside-toplevel
-
-    if kind == "ring":
-        return tfdist.strategies.RingAllReduceStrategy(backend=backend)
-    if kind == "tree":
-        return tfdist.strategies.ReductionTreeStrategy(fanout=2)
-    return tfdist.strategies.ParameterServerStrategy()
+CASES = cases_of(globals())
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", help="output prefix; writes <out>.rank<R>.npz")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--strategy", choices=["plain", "ring", "tree", "ps"], default="ring")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="ring")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--slices", type=int, default=1,
                         help="plain reference of mixed_float16_regression: P slices per step")
@@ -784,13 +757,7 @@ def main():
     SLICES[0] = args.slices
     keras.utils.set_random_seed(0)  # at the top, as keras.io scripts do: before the strategy
     strategy = make_strategy(args.strategy, args.backend)
-    arrays = {}
-    for name in args.cases.split(","):
-        arrays.update({f"{name}/{k}": v for k, v in CASES[name](strategy).items()})
-        if rank_of(strategy) == 0:
-            print("case", name, "done", flush=True)
-    np.savez(f"{args.out}.rank{rank_of(strategy)}.npz", **arrays)
-
+    run_cases(CASES, args.cases.split(","), strategy, args.out)
 
 if __name__ == "__main__":
     main()

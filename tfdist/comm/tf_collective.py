@@ -32,7 +32,6 @@ Failure handling, all bounded by the job timeout (`tfdist.comm.liveness`):
 
 import functools
 import math
-import threading
 import time
 
 import tensorflow as tf

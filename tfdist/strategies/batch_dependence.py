@@ -25,6 +25,8 @@ Cost: one walk over the ancestors of the tensor, once per trace.
 
 import tensorflow as tf
 
+from tfdist import _tf
+
 
 def reads_batch(tensor, input_tensors):
     """True if `tensor` is computed from `input_tensors` (other than their non-batch sizes)."""
@@ -32,18 +34,7 @@ def reads_batch(tensor, input_tensors):
                and not tf.executing_eagerly() and hasattr(t, "op")}
     if not sources or not hasattr(tensor, "op"):
         return bool(sources)
-    pending, seen = [tensor.op], set()
-    while pending:
-        op = pending.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op in sources:
-            return True
-        if _is_non_batch_dimension(op):
-            continue
-        pending.extend(t.op for t in op.inputs)
-    return False
+    return _tf.has_ancestor(tensor, lambda op: op in sources, skip=_is_non_batch_dimension)
 
 
 def _is_non_batch_dimension(op):
