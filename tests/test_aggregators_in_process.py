@@ -1,0 +1,115 @@
+"""Every aggregation algorithm sums exactly over P = 1..5 simulated ranks, in one process.
+
+The ranks are threads with a `tfdist.comm.simulated` communicator each, so
+the algorithms' own code (fusion into buffers, reverse-order buckets, the
+tree's chunked pipeline over point-to-point transfers) runs unchanged
+against P ranks without launching a process; the multi-process suites test
+the engines and compiled steps.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.aggregation.base import GRADIENTS, STATE
+from tfdist.aggregation.ring import RingAllReduceAggregator
+from tfdist.aggregation.tree import ReductionTreeAggregator
+from tfdist.comm.simulated import SimulationError, as_numpy, simulate
+
+WORLDS = [1, 2, 3, 4, 5]
+SHAPES = [(3, 4), (7,), (), (2, 3, 5), (1,), (64, 9)]
+
+
+def rank_tensors(rank, dtype="float32"):
+    """Rank `rank`'s tensors: different values per rank, one tensor per shape in SHAPES."""
+    rng = np.random.default_rng(100 + rank)
+    return [rng.normal(size=shape).astype(dtype) for shape in SHAPES]
+
+
+def exact_sums(world_size, dtype="float32"):
+    per_rank = [rank_tensors(rank, dtype) for rank in range(world_size)]
+    return [np.sum([np.asarray(ts[i], "float64") for ts in per_rank], axis=0)
+            for i in range(len(SHAPES))]
+
+
+ALGORITHMS = {
+    # Tiny buckets and chunks: several buckets per call and several chunks per buffer.
+    "ring": lambda comm: RingAllReduceAggregator(comm, bucket_bytes=256, first_bucket_bytes=64),
+    "ring_one_bucket": lambda comm: RingAllReduceAggregator(comm, bucket_bytes=1 << 20),
+    "tree_fanout2": lambda comm: ReductionTreeAggregator(comm, fanout=2, chunk_bytes=48,
+                                                          bucket_bytes=256, first_bucket_bytes=64),
+    "tree_fanout3": lambda comm: ReductionTreeAggregator(comm, fanout=3, chunk_bytes=100),
+    "tree_star": lambda comm: ReductionTreeAggregator(comm, fanout=8),
+}
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_rank_gets_the_exact_sum(algorithm, world_size):
+    def run(comm):
+        aggregator = ALGORITHMS[algorithm](comm)
+        tensors = [tf.constant(t) for t in rank_tensors(comm.rank)]
+        return aggregator.all_reduce(tensors, variables=None, kind=GRADIENTS)
+
+    results = as_numpy(simulate(world_size, run))
+    for rank, result in enumerate(results):
+        for position, (got, want) in enumerate(zip(result, exact_sums(world_size))):
+            assert got.shape == SHAPES[position]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{algorithm}, rank {rank}, tensor {position}")
+            # Every rank holds the same bits (the weights must stay identical).
+            np.testing.assert_array_equal(got, results[0][position])
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree_fanout2"])
+def test_mixed_dtypes_and_consecutive_calls_keep_their_order(algorithm):
+    """float32, float64 and int64 in one call, then a second call: each sum in place."""
+    def run(comm):
+        aggregator = ALGORITHMS[algorithm](comm)
+        first = aggregator.all_reduce(
+            [tf.constant([1.5, 2.0]), tf.constant([comm.rank], tf.int64),
+             tf.constant(np.full((3, 3), comm.rank + 0.25))], kind=STATE)
+        second = aggregator.all_reduce([tf.fill([5], float(comm.rank))], kind=STATE)
+        return first + second
+
+    for result in as_numpy(simulate(4, run)):
+        np.testing.assert_allclose(result[0], [6.0, 8.0])
+        assert result[1].dtype == np.int64 and result[1].tolist() == [6]
+        assert result[2].dtype == np.float64
+        np.testing.assert_allclose(result[2], np.full((3, 3), 7.0))
+        np.testing.assert_allclose(result[3], np.full(5, 6.0))
+
+
+def test_simulated_collectives_match_their_contract():
+    def run(comm):
+        gathered = comm.all_gather(tf.fill([comm.rank + 1, 2], float(comm.rank)))
+        return (comm.all_reduce(tf.constant([comm.rank])), gathered,
+                comm.broadcast(tf.constant([10 * comm.rank]), root=2),
+                comm.all_gather_strings(f"rank-{comm.rank}"))
+
+    for total, gathered, broadcast, names in simulate(3, run):
+        assert total.numpy().tolist() == [3]
+        assert gathered.shape == (6, 2)  # rows differ per rank: 1 + 2 + 3, in rank order
+        assert gathered[:, 0].numpy().tolist() == [0, 1, 1, 2, 2, 2]
+        assert broadcast.numpy().tolist() == [20]
+        assert names == ["rank-0", "rank-1", "rank-2"]
+
+
+def test_a_failing_rank_ends_the_others_waits_with_its_name():
+    def run(comm):
+        if comm.rank == 1:
+            raise ValueError("boom")
+        return comm.all_reduce(tf.constant(1.0))
+
+    with pytest.raises(SimulationError, match="rank 1 failed.*boom"):
+        simulate(3, run, timeout=20)
+
+
+def test_ranks_out_of_step_fail_instead_of_hanging():
+    def run(comm):
+        if comm.rank == 0:
+            return comm.all_reduce(tf.constant(1.0))  # rank 1 never joins
+        return None
+
+    with pytest.raises(SimulationError, match="rank 0: all_reduce 0 waited more than"):
+        simulate(2, run, timeout=1)
