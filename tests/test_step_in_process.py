@@ -1,0 +1,159 @@
+"""The step's numerics in one process, P = 1..5 simulated ranks with uneven and empty slices.
+
+`ReplicaStep` (a rank's view of the global batch), `StepSum` (the step's one
+fused all-reduce, share weighting without a collective for n) and
+`LocalStateSync` (metric state and layer statistics made global) are the
+arithmetic that makes P processes train like one. Here each rank is a
+thread with a simulated communicator (`tfdist.comm.simulated`) and the
+results are compared with the single-process formulas directly, in seconds;
+the multi-process suites check the same through Keras' `fit`.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.aggregation.ring import RingAllReduceAggregator
+from tfdist.comm.simulated import simulate
+from tfdist.strategies.local_state import LocalStateSync
+from tfdist.strategies.replica_step import ReplicaStep
+from tfdist.strategies.step_sum import StepSum
+
+# Rows per rank for each world size: uneven, with empty slices (more ranks than rows).
+SPLITS = {1: [5], 2: [3, 2], 3: [2, 0, 1], 4: [1, 1, 1, 0], 5: [0, 2, 0, 1, 0]}
+SPLIT_CASES = [pytest.param(split, id="-".join(map(str, split))) for split in SPLITS.values()]
+
+
+def rank_value(rank, shape=(3,), dtype="float32"):
+    return np.random.default_rng(rank).normal(size=shape).astype(dtype)
+
+
+def run_step(split, fn):
+    """`fn(step, aggregator, rank)` on every rank of `split`; each rank's result."""
+    def run(comm):
+        aggregator = RingAllReduceAggregator(comm)
+        step = ReplicaStep(tf.constant(split[comm.rank]),
+                           sum_over_ranks=lambda tensors: aggregator.all_reduce(tensors))
+        return fn(step, aggregator, comm.rank)
+
+    return simulate(len(split), run)
+
+
+def shares(split):
+    return np.asarray(split, "float64") / sum(split)
+
+
+@pytest.mark.parametrize("split", SPLIT_CASES)
+def test_step_sum_weights_by_each_slices_share_in_one_all_reduce(split):
+    calls = []
+
+    def fn(step, aggregator, rank):
+        total = StepSum(step)
+        weighted = total.add_share_weighted(tf.constant(rank_value(rank)), is_gradient=True)
+        summed = total.add_sum(step.counted_if_rows(tf.constant(rank_value(rank + 10))))
+        counted = total.add_sum(step.counted_if_rows(tf.constant([rank + 1], tf.int64)))
+
+        def counting_all_reduce(tensors, variables, kind):
+            calls.append(kind)
+            return aggregator.all_reduce(tensors, variables, kind)
+
+        total.run(counting_all_reduce)
+        return [total.result(weighted), total.result(summed), total.result(counted),
+                step.global_rows, step.share]
+
+    want_weighted = sum(s * rank_value(r) for r, s in enumerate(shares(split)))
+    want_summed = sum(rank_value(r + 10) for r, rows in enumerate(split) if rows)
+    want_counted = sum(r + 1 for r, rows in enumerate(split) if rows)
+    for rank, (weighted, summed, counted, rows, share) in enumerate(run_step(split, fn)):
+        np.testing.assert_allclose(weighted, want_weighted, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(summed, want_summed, rtol=1e-6, atol=1e-7)
+        assert counted.dtype == tf.int64 and counted.numpy().tolist() == [want_counted]
+        assert float(rows) == sum(split)
+        np.testing.assert_allclose(float(share), shares(split)[rank], rtol=1e-7)
+    # One collective per rank: n travelled with the values.
+    assert calls == ["gradients"] * len(split)
+
+
+def test_half_precision_values_take_the_share_before_the_sum():
+    """float16 n_r * v could overflow: the share is applied first (n asked for early)."""
+    split = [3, 0, 1]
+
+    def fn(step, aggregator, rank):
+        total = StepSum(step)
+        slot = total.add_share_weighted(tf.constant(rank_value(rank, dtype="float16")))
+        total.run(aggregator.all_reduce)
+        return total.result(slot)
+
+    want = sum(s * rank_value(r, dtype="float16").astype("float64")
+               for r, s in enumerate(shares(split)))
+    for result in run_step(split, fn):
+        assert result.dtype == tf.float16
+        np.testing.assert_allclose(result.numpy().astype("float64"), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("split", SPLIT_CASES)
+@pytest.mark.parametrize("denominator", ["mask", "sum"])
+def test_a_loss_term_reweighted_for_its_global_denominator_equals_one_process(split, denominator):
+    """Masked mean S_r / D_r (or a plain sum S_r): share-weighted over ranks it is S / D (or S)."""
+    sums = [float(r + 1) * 1.5 for r in range(len(split))]
+    valid = [2.0 * rows + r for r, rows in enumerate(split)]  # e.g. valid tokens of a mask
+    valid = [v if rows else 0.0 for v, rows in zip(valid, split)]
+
+    def fn(step, aggregator, rank):
+        if denominator == "mask":
+            term = tf.constant(sums[rank] / valid[rank] if valid[rank] else 0.0)
+            term = step.weight_for_global_denominator(term, tf.constant(valid[rank]))
+        else:
+            term = step.weight_for_global_denominator(tf.constant(sums[rank]), None)
+        total = StepSum(step)
+        slot = total.add_share_weighted(step.counted_if_rows(term))
+        total.run(aggregator.all_reduce)
+        return total.result(slot)
+
+    counted = [s for s, rows in zip(sums, split) if rows]
+    want = sum(counted) / sum(valid) if denominator == "mask" else sum(counted)
+    for result in run_step(split, fn):
+        np.testing.assert_allclose(float(result), want, rtol=1e-6)
+
+
+def test_a_users_own_loop_sums_its_gradients_unweighted():
+    """`scaled_by_user` (strategy.run of the user's function): weight 1, empty slices included."""
+    def fn(step, aggregator, rank):
+        step.scaled_by_user = True
+        weight = step.gradient_weight(weighted_in_loss=False)(tf.float32)
+        return aggregator.all_reduce([tf.constant(rank_value(rank)) * weight])[0]
+
+    for result in run_step([2, 0, 1], fn):
+        np.testing.assert_allclose(result, sum(rank_value(r) for r in range(3)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("split", SPLIT_CASES)
+def test_local_state_becomes_what_one_process_holds(split):
+    """Metric sums add up (empty slices count nothing), a per-batch Mean update is
+    share-weighted, a moving statistic becomes the share-weighted mean."""
+    def fn(step, aggregator, rank):
+        def on_read_sum(value):
+            return tf.Variable(value, trainable=False,
+                               synchronization=tf.VariableSynchronization.ON_READ,
+                               aggregation=tf.VariableAggregation.SUM)
+
+        count, batch_mean = on_read_sum([10.0]), on_read_sum([4.0])
+        moving = tf.Variable(rank_value(rank), trainable=False)
+        assigned = [(count, count.read_value()), (batch_mean, batch_mean.read_value()),
+                    (moving, None)]
+        count.assign_add([float(split[rank] or 7)])  # 7 on the stand-in row: must not count
+        batch_mean.assign_add([float(rank + 1)])
+        step.note_batch_level_update([batch_mean])
+        moving.assign(rank_value(rank + 20))
+        total = StepSum(step)
+        slots = LocalStateSync.contribute(assigned, step, total)
+        total.run(aggregator.all_reduce)
+        LocalStateSync.assign(assigned, slots, total)
+        return [count.numpy(), batch_mean.numpy(), moving.numpy()]
+
+    want_mean_change = sum(s * (r + 1) for r, s in enumerate(shares(split)))
+    want_moving = sum(s * rank_value(r + 20) for r, s in enumerate(shares(split)))
+    for count, batch_mean, moving in run_step(split, fn):
+        np.testing.assert_allclose(count, [10.0 + sum(split)])
+        np.testing.assert_allclose(batch_mean, [4.0 + want_mean_change], rtol=1e-6)
+        np.testing.assert_allclose(moving, want_moving, rtol=1e-6, atol=1e-7)
