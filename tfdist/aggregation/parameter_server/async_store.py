@@ -200,7 +200,7 @@ class AsyncParameterStore:
         """Close the queues (pending requests fail) and wait for the thread."""
         for queue in [self._requests] + self._replies + self._permits:
             queue.close(cancel_pending_enqueues=True)
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
