@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 import tfdist  # noqa: E402
-from tfdist.strategies import keras_patches  # noqa: E402
+from tfdist.strategies.keras_patches import model_strategy  # noqa: E402
 from tfdist.strategies.profiling import CommunicationReport  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -36,7 +36,7 @@ BATCH = 64
 BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end")
 
 
-@keras_patches.agrees_across_ranks  # it never sets a stop flag
+@model_strategy.agrees_across_ranks  # it never sets a stop flag
 class Anatomy(keras.callbacks.Callback):
     """Counts and times the steps of epochs 2.. (the first one compiles)."""
 

@@ -57,7 +57,8 @@ def assert_matches_one_process(reference, ranks):
 
 def test_reference_trains_and_covers_every_pattern(reference):
     cases = {key.split("/")[0] for key in reference}
-    assert len(cases) == 14
+    assert len(cases) == 15
+    assert reference["rank_local_epoch_stop/epochs_run"] == 2
     assert reference["text_adam/h_loss"][-1] < reference["text_adam/h_loss"][0]
     # The custom train_step patterns log the real loss (not a 1/N fraction of it).
     assert reference["custom_low_level/h_loss"][0] > 0.5

@@ -45,6 +45,18 @@ def _tfdist_imports(path):
                 yield node.module
 
 
+def _imported_modules(path, modules):
+    """The tfdist modules `path` imports: `from package import module` names the module."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdist"):
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield submodule if submodule in modules else node.module
+
+
 def _module_name(path):
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -58,6 +70,25 @@ def test_no_module_imports_from_a_layer_above_it():
             if _layer(imported) > _layer(module):
                 upward.append(f"{module} imports {imported}")
     assert not upward, "imports that point up: " + "; ".join(upward)
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle anywhere in the package (function-local imports count too)."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {module: {m for m in _imported_modules(path, modules) if m != module}
+             for module, path in modules.items()}
+    cycles = []
+    for start in sorted(graph):  # a path back to `start`, depth first
+        pending, seen = [(start, [start])], set()
+        while pending:
+            module, path = pending.pop()
+            for imported in sorted(graph[module]):
+                if imported == start:
+                    cycles.append(" -> ".join(path + [start]))
+                elif imported not in seen:
+                    seen.add(imported)
+                    pending.append((imported, path + [imported]))
+    assert not cycles, "import cycles: " + "; ".join(sorted(set(cycles)))
 
 
 def test_importing_tfdist_patches_nothing_in_keras():
@@ -85,16 +116,16 @@ print("ok")
 def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
-    from tfdist.strategies import keras_patches
+    from tfdist.strategies.keras_patches import compat
 
-    assert keras_patches._keras_changes() == []  # pylint: disable=protected-access
+    assert compat._keras_changes() == []  # pylint: disable=protected-access
 
     def scale_loss(self, loss, extra):  # a signature Keras might change to
         return loss
 
     monkeypatch.setattr(BaseOptimizer, "scale_loss", scale_loss)
-    monkeypatch.delattr(keras_patches.GeneratorDataAdapter, "get_tf_dataset")
+    monkeypatch.delattr(compat.GeneratorDataAdapter, "get_tf_dataset")
     with pytest.raises(ImportError, match=r"Keras 3\.\d+\.\d+ is installed and has changed what "
                        r"tfdist patches: BaseOptimizer\.scale_loss\(loss\); "
                        r"GeneratorDataAdapter\.get_tf_dataset"):
-        keras_patches.check_keras()
+        compat.check_keras()

@@ -130,7 +130,7 @@ def test_parameter_server_mode_and_staleness_are_validated(kwargs, message):
 def test_async_rejects_what_spans_servers():
     import keras
 
-    from tfdist.strategies.keras_patches import check_asynchronous_optimizer
+    from tfdist.strategies.keras_patches.steps import check_asynchronous_optimizer
 
     with pytest.raises(ValueError, match="global_clipnorm spans the variables"):
         check_asynchronous_optimizer(keras.optimizers.SGD(0.1, global_clipnorm=1.0))
@@ -140,31 +140,35 @@ def test_async_rejects_what_spans_servers():
     check_asynchronous_optimizer(keras.optimizers.Adam(clipnorm=1.0))  # per variable: fine
 
 
-def test_stop_flags_are_exchanged_only_when_a_callback_may_decide_alone():
+def test_stop_flags_are_exchanged_only_where_a_callback_may_decide_alone():
     """Keras' own callbacks (and tfdist's) stop from the global logs: no exchange needed.
 
     A user's callback, or a subclass of a trusted one, may decide on one rank
-    only: while a list holding one is alive, the loop's reads are exchanged.
+    only: its flag is agreed at the loop's and epochs' edges, and after every
+    batch only if it implements a batch hook of that loop.
     """
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tfdist.strategies import keras_patches  # pylint: disable=import-outside-toplevel
-
-    class Model:  # what the decision reads from a model: its live callback lists
-        pass
+    from tfdist.strategies.keras_patches import loop_flags  # pylint: disable=import-outside-toplevel
 
     class MyEarlyStopping(keras.callbacks.EarlyStopping):
         pass
 
-    model = Model()
-    agreeing = keras.callbacks.CallbackList(
-        [keras.callbacks.EarlyStopping(), tfdist.callbacks.LearningRateWarmup(1),
-         tfdist.callbacks.CommunicationMonitor()], add_history=True)
-    keras_patches._remember_callback_list(model, agreeing)  # pylint: disable=protected-access
-    assert keras_patches._stop_flags_agree(model)  # pylint: disable=protected-access
-    deciding_alone = keras.callbacks.CallbackList([MyEarlyStopping()])
-    keras_patches._remember_callback_list(model, deciding_alone)  # pylint: disable=W0212
-    assert not keras_patches._stop_flags_agree(model)  # pylint: disable=protected-access
-    del deciding_alone  # that fit (or evaluate) is over
-    assert keras_patches._stop_flags_agree(model)  # pylint: disable=protected-access
-    assert not keras_patches._stop_flags_agree(Model())  # pylint: disable=W0212
+    class EpochLogger(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+    class StopAtBatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    def schedule(callbacks, mode="train"):
+        return loop_flags.local_schedule(keras.callbacks.CallbackList(callbacks), mode)
+
+    trusted = [keras.callbacks.EarlyStopping(), tfdist.callbacks.LearningRateWarmup(1),
+               tfdist.callbacks.CommunicationMonitor(), keras.callbacks.History()]
+    assert schedule(trusted) == (False, False)
+    assert schedule(trusted + [EpochLogger()]) == (True, False)  # no per-batch exchange
+    assert schedule([MyEarlyStopping()]) == (True, False)  # a subclass: not trusted, epoch hooks
+    assert schedule([StopAtBatch()]) == (True, True)
+    assert schedule([StopAtBatch()], mode="test") == (True, False)

@@ -298,15 +298,60 @@ def case_custom_low_level(strategy):
                    epochs_run=len(history.history["loss"]))
 
 
+class StopAtEpochOnLastRank(keras.callbacks.Callback):
+    """Stops training at the end of one epoch, decided on the last rank only (no batch hook)."""
+
+    def __init__(self, world_size, rank, at_epoch):
+        super().__init__()
+        self.decides = rank == world_size - 1
+        self.at_epoch = at_epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.decides and epoch + 1 == self.at_epoch:
+            self.model.stop_training = True
+
+
+class BatchLogger(keras.callbacks.Callback):
+    """A per-batch logger a script adds on the chief only (it never stops anything)."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float((logs or {}).get("loss", 0.0)))
+
+
+def small_regressor(strategy, hidden, make_optimizer):
+    """Dense(hidden, relu) -> Dense(1) on 6 features, compiled in the scope with mse and mae."""
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(hidden, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=make_optimizer(), loss="mse", metrics=["mae"])
+    return model
+
+
+def case_rank_local_epoch_stop(strategy):
+    """A rank-local stop at an epoch's end, and callback lists that differ between ranks."""
+    keras.utils.set_random_seed(27)
+    x, y = dense_data(70, seed=28)
+    model = small_regressor(strategy, 8, lambda: keras.optimizers.Adam(0.02))
+    callbacks = [StopAtEpochOnLastRank(strategy.world_size, strategy.rank, at_epoch=2)]
+    if strategy.rank == 0:
+        callbacks.append(BatchLogger())
+    history = model.fit(x, y, batch_size=16, epochs=5, verbose=0, callbacks=callbacks,
+                        validation_data=(x[:20], y[:20]))
+    return results(model, history, model.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True),
+                   epochs_run=len(history.history["loss"]))
+
+
 # ---------------------------------------------------- predict / *_on_batch sequences
 def case_predict_sequences(strategy):
     """Any sequence of predict/evaluate calls with any batch sizes; *_on_batch."""
     keras.utils.set_random_seed(17)
     x, y = dense_data(101, seed=18)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
-                                  keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    model = small_regressor(strategy, 4, lambda: keras.optimizers.SGD(0.05))
     out = {"p12": model.predict(x, batch_size=12, verbose=0),
            "p_default": model.predict(x, verbose=0),
            "p7": model.predict(x, batch_size=7, verbose=0),

@@ -2,11 +2,11 @@
 
 import keras
 
-from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import model_strategy
 from tfdist.strategies.profiling import CommunicationReport
 
 
-@keras_patches.agrees_across_ranks
+@model_strategy.agrees_across_ranks
 class CommunicationMonitor(keras.callbacks.Callback):
     """Add this rank's communication per training step to the logs (and so to `History`).
 
@@ -58,7 +58,7 @@ class CommunicationMonitor(keras.callbacks.Callback):
         self._epoch = None  # a report since the epoch began
 
     def on_train_begin(self, logs=None):
-        strategy = keras_patches.tfdist_strategy(self.model)
+        strategy = model_strategy.tfdist_strategy(self.model)
         if strategy is None or not strategy.extended.aggregator.communicates:
             self._epoch = self._batches = None
             return

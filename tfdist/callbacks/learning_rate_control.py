@@ -33,7 +33,7 @@ import weakref
 import keras
 import numpy as np
 
-from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import data as keras_data, model_strategy
 
 # Without LearningRateScaling, warmup starts from target x 1/3 (PyTorch's LinearLR default).
 DEFAULT_WARMUP_START_FACTOR = 1.0 / 3.0
@@ -59,7 +59,7 @@ def _current_rate(optimizer):
 
 
 def _check_float_rate(optimizer, who):
-    rate = keras_patches.learning_rate_setting(optimizer)
+    rate = model_strategy.learning_rate_setting(optimizer)
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or (
             callable(rate) and not isinstance(rate, keras.Variable)):
         raise ValueError(
@@ -103,7 +103,7 @@ class LearningRateTerm(keras.callbacks.Callback):
         super().__init__()
         # The global batch size comes from the data `fit` receives, also without a tfdist
         # strategy: from now on, epoch iterators record their data (nothing else is patched).
-        keras_patches.install_data_recording()
+        keras_data.install_data_recording()
 
     def set_model(self, model):
         super().set_model(model)
@@ -229,12 +229,12 @@ class LearningRateController:
         _check_float_rate(optimizer, type(term).__name__)
         terms = [ref() for ref in self._terms]
         terms = [t for t in terms if t is not None and t.params is term.params]
-        strategy = keras_patches.tfdist_strategy(model)
+        strategy = model_strategy.tfdist_strategy(model)
         seen = _first_seen_rates.get(optimizer) or _FirstSeenRate(_current_rate(optimizer))
         self._plan = RatePlan(
             terms, optimizer, seen.rate, term.params,
             world_size=strategy.world_size if strategy is not None else 1,
-            global_batch_size=keras_patches.latest_data_batch_size())
+            global_batch_size=model_strategy.latest_data_batch_size())
         self._plan_params = term.params
         if self._plan.scaling is not None and self._plan.scaling.verbose and (
                 strategy is None or strategy.is_chief):

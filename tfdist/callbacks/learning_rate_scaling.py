@@ -3,12 +3,12 @@
 import math
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
-from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import model_strategy
 
 RULES = {"linear": lambda k: k, "sqrt": math.sqrt}
 
 
-@keras_patches.agrees_across_ranks
+@model_strategy.agrees_across_ranks
 class LearningRateScaling(LearningRateTerm):
     """Set the learning rate to `base_lr * f(global_batch / base_batch_size)` at train begin.
 

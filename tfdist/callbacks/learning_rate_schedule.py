@@ -4,10 +4,10 @@ import math
 import numbers
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
-from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import model_strategy
 
 
-@keras_patches.agrees_across_ranks
+@model_strategy.agrees_across_ranks
 class LearningRateSchedule(LearningRateTerm):
     """Multiply the (post-warmup) learning rate by `multiplier` from `start_epoch` to `end_epoch`.
 

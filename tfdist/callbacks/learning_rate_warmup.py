@@ -1,10 +1,10 @@
 """`LearningRateWarmup`: gradual warmup of the learning rate (Goyal et al. 2017)."""
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
-from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import model_strategy
 
 
-@keras_patches.agrees_across_ranks
+@model_strategy.agrees_across_ranks
 class LearningRateWarmup(LearningRateTerm):
     """Ramp the learning rate linearly, batch by batch, over the first epochs.
 

@@ -2,10 +2,10 @@
 
 import keras
 
-from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import model_strategy
 
 
-@keras_patches.agrees_across_ranks
+@model_strategy.agrees_across_ranks
 class StalenessAwareLearningRate(keras.callbacks.Callback):
     """Divide the learning rate of every asynchronous update by its staleness (Zhang et al. 2016).
 
@@ -40,6 +40,6 @@ class StalenessAwareLearningRate(keras.callbacks.Callback):
         self._set(False)
 
     def _set(self, on):
-        remote = keras_patches.asynchronous_updates(self.model)
+        remote = model_strategy.asynchronous_updates(self.model)
         if remote is not None:
             remote.staleness_aware_rate.assign(on)

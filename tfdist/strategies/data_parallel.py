@@ -44,6 +44,7 @@ from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.strategies import average_loss
 from tfdist.strategies import keras_patches
+from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import replica_step
 from tfdist.strategies.batch_dependence import reads_batch
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
@@ -88,7 +89,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._aggregator.counters = self.communication_counters
         self._local_state = LocalStateSync(self)
         self._cluster_resolver = _cluster_resolver(self._cluster)
-        self._any_rank_function = None
+        self._any_rank_functions = {}  # number of flags -> compiled exchange
         # Asynchronous parameter server only: the servers apply the updates (`async_client`).
         self.remote_updates = None
         self._whole_batches = threading.local()
@@ -396,20 +397,27 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         With asynchronous updates the workers are not in step, and a dead
         worker must not block the others: every flag stays this rank's own.
         """
+        return self.any_rank_each([flag], training)[0]
+
+    def any_rank_each(self, flags, training=False):
+        """`any_rank` of each of several flags, in one tiny all-reduce."""
         if self.remote_updates is not None:
-            return bool(flag)
-        if self._any_rank_function is None:
-            # Compiled once: an eager collective would carry an op timeout, for which
-            # TensorFlow parks two threads per call; the call is bounded by the watchdog.
-            self._any_rank_function = tf.function(
+            return [bool(flag) for flag in flags]
+        flags = list(flags)
+        if len(flags) not in self._any_rank_functions:
+            # Compiled once per length (a function's traces share their collective keys, which
+            # TensorFlow ties to one shape): an eager collective would carry an op timeout, for
+            # which TensorFlow parks two threads per call; the call is bounded by the watchdog.
+            self._any_rank_functions[len(flags)] = tf.function(
                 lambda value: self._all_reduce_sum([value])[0])
         start = time.perf_counter()
         with self._communicator.expect_progress("stop-flag exchange"):
-            total = self._any_rank_function(tf.constant([1.0 if flag else 0.0]))
-            stop = bool(total.numpy()[0] > 0)
+            total = self._any_rank_functions[len(flags)](
+                tf.constant([1.0 if flag else 0.0 for flag in flags]))
+            stops = [bool(value > 0) for value in total.numpy()]
         if training:
             self.communication_counters.add_host_seconds(time.perf_counter() - start)
-        return stop
+        return stops
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         """`dataset_fn(input_context)`: the user's own per-process pipeline, iterated directly."""
@@ -424,7 +432,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             # One process, or a merge_call inside a step (LossScaleOptimizer's
             # apply) returning to the replica: part of the step being traced.
             return self._in_replica_context(fn, args, kwargs)
-        training = keras_patches.is_train_step(fn)
+        training = keras_steps.is_train_step(fn)
         with (self.communication_counters.recording() if training
               else contextlib.nullcontext()):
             if self.remote_updates is not None:
@@ -464,13 +472,13 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         so gradients, the row count and metric state travel in one
         collective; a custom step's gradients are summed where it applies them.
         """
-        model = keras_patches.model_of_step(fn)
+        model = keras_steps.model_of_step(fn)
         # A user's own function (a custom loop's `strategy.run(train_step)`) scales its
         # loss itself, as MultiWorkerMirroredStrategy's contract has it, and sees its slice
         # as it is, empty or not; Keras' steps compute per-slice means that tfdist weights.
-        scaled_by_user = model is None and not keras_patches.is_predict_step(fn)
+        scaled_by_user = model is None and not keras_steps.is_predict_step(fn)
         step = self._begin_replica_step(args, model, scaled_by_user)
-        step.defers_updates = keras_patches.is_keras_train_step(fn) and not self._compresses
+        step.defers_updates = keras_steps.is_keras_train_step(fn) and not self._compresses
 
         def step_then_sum(*step_args, **step_kwargs):
             outputs = fn(*step_args, **step_kwargs)
@@ -498,14 +506,14 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         finish_gradients = [self._add_gradients(total, u.gradients, u.variables,
                                                 u.weighted_in_loss) for u in updates]
         state_slots = self._local_state.contribute(assigned, step, total)
-        raw_keys = (keras_patches.raw_log_keys(model, outputs)
+        raw_keys = (keras_steps.raw_log_keys(model, outputs)
                     if model is not None and isinstance(outputs, dict) else [])
         raw_slots = [total.add_share_weighted(outputs[key]) for key in raw_keys]
         counters = self.communication_counters
         # A train step carries the counters' exchange (zeros unless counted: same shape on
         # every rank, whichever ranks measure).
         exchange_slot = (total.add_sum(counters.exchange_vector())
-                         if keras_patches.is_train_step(fn) else None)
+                         if keras_steps.is_train_step(fn) else None)
         total.run(self._aggregator.all_reduce)
         if exchange_slot is not None:
             counters.absorb_exchange(total.result(exchange_slot))
@@ -528,11 +536,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         replicas), so P worker updates weigh one synchronous step; logs and
         metric state stay this worker's own.
         """
-        model = keras_patches.model_of_step(fn)
+        model = keras_steps.model_of_step(fn)
         if model.optimizer is None:
             raise ValueError("tfdist asynchronous parameter server: compile the model with an "
                              "optimizer before fit.")
-        keras_patches.check_asynchronous_optimizer(model.optimizer)
+        keras_steps.check_asynchronous_optimizer(model.optimizer)
         parameter_set = self.remote_updates.parameter_set(model.optimizer,
                                                           model.trainable_variables)
         counters = self.communication_counters
@@ -601,18 +609,18 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         # Through the aggregator: the step's only transport is the strategy's own algorithm.
         step = replica_step.ReplicaStep(local_rows, sum_over_ranks=self._all_reduce_sum)
         step.scaled_by_user = scaled_by_user
-        if model is not None and keras_patches.scales_loss(model.optimizer):
+        if model is not None and keras_steps.scales_loss(model.optimizer):
             step.learn_global_rows(step.global_rows)
         return step
 
     def _globalize_outputs(self, fn, model, outputs, step, summed_raw_logs):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
-        if keras_patches.is_predict_step(fn):
+        if keras_steps.is_predict_step(fn):
             with tf.name_scope("tfdist/all_gather/predictions/"):
                 return tf.nest.map_structure(
                     lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
         if model is not None and isinstance(outputs, dict):
-            return keras_patches.global_step_logs(model, outputs, summed_raw_logs)
+            return keras_steps.global_step_logs(model, outputs, summed_raw_logs)
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
         )
@@ -669,6 +677,8 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     ```
     """
 
+    is_tfdist_data_parallel = True  # how `keras_patches.model_strategy` tells it (no import)
+
     def __init__(self, make_aggregator, engine="collective", engine_options=None,
                  compression=None):
         keras_patches.install()
@@ -677,7 +687,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         if self.world_size > 1:
-            keras_patches.note_multi_process_strategy()
+            keras_data.note_multi_process_strategy()
             install_private_checkpoint_writes()
             average_loss.install(lambda step: step.scaled_by_user)
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.

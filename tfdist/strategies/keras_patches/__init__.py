@@ -1,0 +1,50 @@
+"""Every place tfdist touches Keras internals, one module per family of patches.
+
+Keras 3 has no hook where every rank builds its epoch iterator, where losses
+are scaled for tf.distribute, where optimizers all-reduce, where a `Mean`
+metric is updated or where the fit loop reads `stop_training`; it has no
+notion of a chief process either. This package patches exactly those places,
+each family in its own module:
+
+* `compat`: the supported Keras range and `check_keras()`, which verifies at
+  import everything the patches and the callbacks layer rely on;
+* `losses`: losses stay means over the rank's slice, each term over its own
+  global denominator;
+* `optimizer`: the global gradient reaches `apply` before clipping, loss
+  scaling's finite check and accumulation;
+* `metrics`: batch-level `Mean` updates are share-weighted;
+* `loop_flags`: the loop's stop flags are agreed by every rank;
+* `callbacks`: the multi-process policy of every callback list (chief-only
+  writers, BackupAndRestore on the chief, the step watchdog, the end-of-fit
+  barrier, the asynchronous PS's parameter refresh, TensorBoard profiling);
+* `saving`: `Model.save` / `save_weights` on the chief, atomically;
+* `data`: building from the data's spec, `*_on_batch` slicing, generators
+  without read-ahead, the epoch iterators recorded and compared across ranks.
+
+Two modules patch nothing: `steps` (which Keras step a function is, and its
+logs) and `model_strategy` (what a model's strategy is: the API the
+callbacks layer uses). Nothing else in tfdist imports `keras.src` or touches
+a private Keras attribute.
+
+The patches apply only to models built under a tfdist strategy; everything
+else is untouched. `install()` is called when the first tfdist strategy is
+created (`data.install_data_recording()`, the epoch-iterator hook alone,
+when a tfdist learning-rate callback is created); importing tfdist patches
+nothing. Both are idempotent.
+"""
+
+from tfdist.strategies.keras_patches import (callbacks, compat, data, loop_flags, losses, metrics,
+                                             optimizer, saving)
+
+_installed = False
+
+
+def install():
+    """Patch Keras where multi-process training differs from one process (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    compat.check_keras()
+    for family in (losses, data, optimizer, metrics, loop_flags, callbacks, saving):
+        family.install()

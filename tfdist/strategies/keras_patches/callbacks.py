@@ -1,0 +1,309 @@
+"""Callbacks: the multi-process policy every `fit` / `evaluate` / `predict` gets.
+
+Added to (or removed from) each callback list Keras builds for a model under
+a tfdist strategy, without changes to the user's script:
+
+* non-chief ranks get no progress bar, and their `TensorBoard`,
+  `ModelCheckpoint` and `CSVLogger` callbacks are dropped (the chief writes
+  them); `BackupAndRestore` writes, deletes and reads backups on the chief
+  only, and the state it restored is broadcast to every rank; the chief's
+  backups replace their files atomically (`checkpoint_files`);
+* `jit_compile` is turned off for multi-process models (XLA cannot compile
+  the cross-process collectives inside the step);
+* every call of the compiled train/test/predict step is bounded by the job
+  timeout (`_StepTimeout`): its collectives carry no op-level timeout;
+* `fit` ends with a barrier (`_EndOfFitBarrier`); with the asynchronous
+  parameter server, the model follows the servers' parameters
+  (`_ServerParameters`);
+* next to a `TensorBoard` callback, tfdist's communication scalars are
+  written into its run (`profiling.TensorBoardScalars`), and in a
+  multi-process job its `profile_batch` profiles every rank, each into its
+  own run `rank_<k>` (`profiling.RankProfiler`), as does
+  `tfdist-run --profile`.
+"""
+
+import functools
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tfdist.strategies import profiling
+from tfdist.strategies.checkpoint_files import save_backup
+from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks, is_multi_process,
+                                                            is_non_chief_model, tfdist_strategy)
+
+
+agrees_across_ranks(profiling.TensorBoardScalars)
+agrees_across_ranks(profiling.RankProfiler)
+
+
+_CHIEF_ONLY_WRITERS = (
+    keras.callbacks.TensorBoard,
+    keras.callbacks.ModelCheckpoint,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.ProgbarLogger,
+)
+
+
+def _keep_collectives_out_of_xla(model):
+    """XLA cannot compile TensorFlow's cross-process collective ops: run the step unjitted."""
+    strategy = tfdist_strategy(model)
+    if strategy is not None and strategy.world_size > 1 and model.jit_compile:
+        if strategy.is_chief:
+            logging.warning("tfdist: jit_compile disabled for %s: the step contains "
+                            "cross-process collectives, which XLA cannot compile.", model.name)
+        model.jit_compile = False
+        model.train_function = model.test_function = model.predict_function = None
+
+
+@agrees_across_ranks
+class _StepTimeout(keras.callbacks.Callback):
+    """Registers each compiled step call with the communicator's progress watchdog.
+
+    Keras calls `on_*_batch_begin` / `on_*_batch_end` around every call of the
+    train/test/predict function (one call per `steps_per_execution` steps).
+    """
+
+    def __init__(self, communicator):
+        super().__init__()
+        self._communicator = communicator
+        self._open = {}
+
+    def _begin(self, mode, batch):
+        self._end(mode)
+        guard = self._communicator.expect_progress(f"{mode} step {batch}")
+        guard.__enter__()
+        self._open[mode] = guard
+
+    def _end(self, mode):
+        guard = self._open.pop(mode, None)
+        if guard is not None:
+            guard.__exit__(None, None, None)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin("train", batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._end("train")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._begin("test", batch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._end("test")
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        self._begin("predict", batch)
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._end("predict")
+
+
+@agrees_across_ranks
+class _EndOfFitBarrier(keras.callbacks.Callback):
+    """`fit` returns on every rank once the chief has finished writing.
+
+    Only the chief writes checkpoints (`ModelCheckpoint`, `BackupAndRestore`,
+    `Model.save` in a callback). During training the next step's collective
+    orders a rank after the chief's writes of the epoch before; after the
+    last epoch nothing would, and a rank that reads the chief's file right
+    after `fit` (`keras.models.load_model(best_path)`) could read the
+    previous one. Runs last, after every other callback's `on_train_end`.
+
+    Cost: one barrier (a tiny all-reduce) per `fit`.
+    """
+
+    def __init__(self, communicator):
+        super().__init__()
+        self._communicator = communicator
+
+    def on_train_end(self, logs=None):
+        with self._communicator.expect_progress("the barrier at the end of fit"):
+            self._communicator.barrier()
+
+
+def _with_end_of_fit_barrier(model, callbacks):
+    strategy = tfdist_strategy(model)
+    if (strategy is None or strategy.world_size == 1
+            or strategy.extended.remote_updates is not None):  # async: _ServerParameters
+        return callbacks
+    return list(callbacks) + [_EndOfFitBarrier(strategy.extended.communicator)]
+
+
+@agrees_across_ranks
+class _ServerParameters(keras.callbacks.Callback):
+    """Asynchronous parameter server: the model's variables follow the servers' parameters.
+
+    At the end of `fit` the worker leaves the staleness gate, waits for every
+    live worker to finish its `fit` (a barrier on server 0, which stops
+    waiting for dead workers) and pulls the final parameters; `evaluate` and
+    `predict` also start with a barrier and a pull. So all workers hold, and
+    evaluate (each the whole data), the same parameters, and `model.save`
+    after `fit` saves every update.
+    """
+
+    def __init__(self, strategy):
+        super().__init__()
+        self._remote = strategy.extended.remote_updates
+
+    def _refresh(self, barrier):
+        if barrier:
+            self._remote.barrier()
+        if self.model.optimizer is not None:
+            self._remote.refresh(self.model.optimizer)
+
+    def on_train_end(self, logs=None):
+        self._remote.leave()
+        self._refresh(barrier=True)
+
+    def on_test_begin(self, logs=None):
+        self._refresh(barrier=True)
+
+    def on_predict_begin(self, logs=None):
+        self._refresh(barrier=True)
+
+
+def _with_server_parameters(model, callbacks):
+    strategy = tfdist_strategy(model)
+    if strategy is None or strategy.extended.remote_updates is None:
+        return callbacks
+    return list(callbacks or []) + [_ServerParameters(strategy)]
+
+
+def _with_communication_profiling(model, callbacks):
+    """`TensorBoard` callbacks get tfdist's scalars, and their profiles come from every rank.
+
+    Added on every rank, before non-chief ranks drop their `TensorBoard`
+    (they still time their steps and profile; only the chief writes scalars).
+    """
+    strategy = tfdist_strategy(model)
+    if strategy is None or not strategy.extended.aggregator.communicates:
+        return callbacks  # one process: Keras' own TensorBoard, untouched
+    callbacks = keras.tree.flatten(callbacks) if callbacks else []
+    added = []
+    # pylint: disable=protected-access
+    for board in [c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)]:
+        added.append(profiling.TensorBoardScalars(
+            strategy, lambda board=board: board._train_writer, board.update_freq))
+        if board._should_trace:  # profile_batch: each rank profiles into its own run instead
+            board._tfdist_profile_batches = (board._start_batch, board._stop_batch)
+            board._should_trace = False
+        batches = getattr(board, "_tfdist_profile_batches", None)
+        if batches is not None:
+            added.append(profiling.RankProfiler(board.log_dir, *batches, strategy.rank,
+                                                strategy.extended.communicator))
+    requested = profiling.profiler_from_environment(strategy.rank, strategy.extended.communicator)
+    if requested is not None:
+        added.append(requested)
+    return callbacks + added
+
+
+def _with_step_timeout(model, callbacks):
+    strategy = tfdist_strategy(model)
+    if strategy is None or strategy.world_size == 1:
+        return callbacks
+    communicator = strategy.extended.communicator
+    if callbacks is None:
+        callbacks = []
+    elif not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    return list(callbacks) + [_StepTimeout(communicator)]
+
+
+def _restore_only(callback):
+    """BackupAndRestore for a non-chief rank: never write or delete (the chief restores)."""
+    callback._save_model = lambda *args, **kwargs: None  # pylint: disable=protected-access
+    callback.on_train_end = lambda logs=None: None
+    return callback
+
+
+def _save_backup_atomically(callback):
+    """`BackupAndRestore._save_model`, through `checkpoint_files.save_backup`."""
+    # pylint: disable=protected-access
+    previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
+                if callback.double_checkpoint else None)
+    save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
+                previous, {"epoch": callback._current_epoch, "batch": callback._last_batch_seen})
+
+
+def _with_atomic_backups(callbacks):
+    """The chief's BackupAndRestore callbacks write their files atomically (`checkpoint_files`)."""
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            callback._save_model = functools.partial(  # pylint: disable=protected-access
+                _save_backup_atomically, callback)
+
+
+def _restored_by_the_chief(callbacks, strategy):
+    """BackupAndRestore in a multi-process job: the chief restores, every rank gets its state.
+
+    Only the chief reads the backup: on several machines without a shared
+    filesystem the other ranks do not see its files, and a rank that resumed
+    from nothing would train out of step with the chief. After the chief's
+    restore, one broadcast says whether it restored and from which epoch;
+    if it did, the model's weights and the optimizer's state follow from
+    rank 0 (one broadcast per variable, once per `fit`).
+    """
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and not getattr(
+                callback, "_tfdist_restores_on_chief", False):
+            callback._tfdist_restores_on_chief = True  # pylint: disable=protected-access
+            restore = callback.on_train_begin
+            callback.on_train_begin = functools.partial(_restore_then_broadcast, callback,
+                                                        restore, strategy)
+
+
+def _restore_then_broadcast(callback, restore, strategy, logs=None):
+    # pylint: disable=protected-access
+    model = callback.model
+    restored = False
+    if strategy.is_chief:
+        restored = tf.io.gfile.exists(callback._weights_path)
+        restore(logs)
+    communicator = strategy.extended.communicator
+    state = communicator.broadcast(
+        tf.constant([int(restored), model._initial_epoch or 0], tf.int64)).numpy()
+    if not state[0]:
+        return
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    variables = list(model.weights) + list(model.optimizer.variables if model.optimizer else [])
+    for variable in variables:
+        variable.assign(communicator.broadcast(variable.value))
+    model._initial_epoch = int(state[1]) or None
+
+
+def _for_non_chief(callbacks):
+    kept = []
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, _CHIEF_ONLY_WRITERS):
+            continue
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            callback = _restore_only(callback)
+        kept.append(callback)
+    return kept
+
+
+def install():
+    """Every `CallbackList` of a tfdist model gets the multi-process policy above."""
+    callback_list_init = keras.callbacks.CallbackList.__init__
+
+    def init(self, callbacks=None, add_history=False, add_progbar=False, model=None, **params):
+        if model is not None:
+            _keep_collectives_out_of_xla(model)
+            callbacks = _with_step_timeout(model, callbacks)
+            callbacks = _with_server_parameters(model, callbacks)
+            callbacks = _with_communication_profiling(model, callbacks)
+            callbacks = _with_end_of_fit_barrier(model, callbacks)
+        if model is not None and is_non_chief_model(model):
+            callbacks = _for_non_chief(callbacks)
+            add_progbar = False
+        elif model is not None and tfdist_strategy(model) is not None:
+            _with_atomic_backups(callbacks)
+        if model is not None and is_multi_process(model):
+            _restored_by_the_chief(callbacks, tfdist_strategy(model))
+        callback_list_init(self, callbacks, add_history=add_history,
+                           add_progbar=add_progbar, model=model, **params)
+
+    keras.callbacks.CallbackList.__init__ = init

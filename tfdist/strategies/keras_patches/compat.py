@@ -1,0 +1,191 @@
+"""Which Keras tfdist supports, and a loud check of everything the patches rely on.
+
+Supported Keras versions: `SUPPORTED_KERAS` (also declared in
+`pyproject.toml`). At import, `check_keras()` verifies every symbol,
+signature and step structure the patches (this package) and the callbacks
+layer rely on and raises an ImportError naming the Keras version and what
+changed - a rename in Keras is a loud error, never silently per-rank logs.
+A version outside the range that passes the check only logs a warning.
+"""
+
+import ast
+import inspect
+import textwrap
+
+import keras
+from absl import logging
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
+from keras.src.losses import loss as keras_loss_module
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
+
+from tfdist import __version__ as tfdist_version
+
+
+SUPPORTED_KERAS = ((3, 15), (3, 16))  # [lowest, highest) major.minor: pyproject's keras>=3.15,<3.16
+
+
+def _parameters(function):
+    return list(inspect.signature(inspect.unwrap(function)).parameters)
+
+
+def _names_used(function):
+    """Attribute and global names the code of `function` uses (nested functions included)."""
+    names, codes = set(), [inspect.unwrap(function).__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+    return names
+
+
+def _keywords_passed(function):
+    """Keyword-argument names that the code of `function` passes in its calls."""
+    return {name for const in inspect.unwrap(function).__code__.co_consts
+            if isinstance(const, tuple) for name in const if isinstance(name, str)}
+
+
+def _nested_function_names(function):
+    return {c.co_name for c in inspect.unwrap(function).__code__.co_consts if inspect.iscode(c)}
+
+
+def _keras_changes():
+    """What the patches rely on that this Keras does not have (empty: all is there)."""
+    # pylint: disable=protected-access
+    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    backup = keras.callbacks.BackupAndRestore
+    expectations = {
+        "keras.src.losses.loss.(un)scale_loss_for_distribution": lambda: all(
+            hasattr(keras_loss_module, name)
+            for name in ("scale_loss_for_distribution", "unscale_loss_for_distribution")),
+        "keras.src.losses.loss: Loss.__call__ reduces through reduce_weighted_values(values, "
+        "sample_weight, mask, reduction, dtype), apply_mask, squeeze_or_expand_to_same_rank, "
+        "standardize_reduction": lambda: (
+            "reduce_weighted_values" in _names_used(keras_loss_module.Loss.__call__)
+            and _parameters(keras_loss_module.reduce_weighted_values) == [
+                "values", "sample_weight", "mask", "reduction", "dtype"]
+            and _parameters(keras_loss_module.apply_mask) == [
+                "sample_weight", "mask", "dtype", "reduction"]
+            and callable(keras_loss_module.squeeze_or_expand_to_same_rank)
+            and callable(keras_loss_module.standardize_reduction)),
+        "BaseOptimizer.apply(grads, trainable_variables)": lambda: (
+            _parameters(BaseOptimizer.apply)[:3] == ["self", "grads", "trainable_variables"]),
+        "LossScaleOptimizer.apply(grads, trainable_variables)": lambda: (
+            _parameters(LossScaleOptimizer.apply)[:3] == ["self", "grads",
+                                                          "trainable_variables"]),
+        "BaseOptimizer.scale_loss(loss)": lambda: (
+            _parameters(BaseOptimizer.scale_loss) == ["self", "loss"]),
+        "BaseOptimizer._learning_rate / _trainable_variables": lambda: (
+            {"_learning_rate", "_trainable_variables"}
+            <= _names_used(BaseOptimizer.__init__) | _names_used(BaseOptimizer.build)),
+        "TFOptimizer._all_reduce_sum_gradients(grads_and_vars)": lambda: (
+            _parameters(TFOptimizer._all_reduce_sum_gradients) == ["self", "grads_and_vars"]),
+        "keras.metrics.Mean.update_state(values, sample_weight)": lambda: (
+            _parameters(keras.metrics.Mean.update_state)[:3] == ["self", "values",
+                                                                 "sample_weight"]),
+        "fit/evaluate/predict read stop_training/stop_evaluating/stop_predicting": lambda: all(
+            flag in _names_used(loop) for loop, flag in (
+                (trainer.fit, "stop_training"), (trainer.evaluate, "stop_evaluating"),
+                (trainer.predict, "stop_predicting"))),
+        "fit/evaluate run Model.train_step/test_step through distribute_strategy.run": lambda: (
+            "train_step" in _names_used(trainer.make_train_function)
+            and "test_step" in _names_used(trainer.make_test_function)
+            and "run" in _names_used(trainer._make_function)),
+        "TensorFlowTrainer.make_predict_function defines the predict step": lambda: (
+            bool(_nested_function_names(trainer.make_predict_function))),
+        "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights": lambda: all(
+            callable(getattr(keras.Model, name)) for name in (
+                "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")),
+        "ArrayDataAdapter._inputs (the arrays fit was given)": lambda: (
+            "_inputs" in _names_used(ArrayDataAdapter.__init__)),
+        "GeneratorDataAdapter.get_tf_dataset": lambda: (
+            callable(vars(GeneratorDataAdapter)["get_tf_dataset"])),
+        "CallbackList(callbacks, add_history, add_progbar, model)": lambda: (
+            _parameters(keras.callbacks.CallbackList.__init__)[:5] == [
+                "self", "callbacks", "add_history", "add_progbar", "model"]),
+        "TFEpochIterator(distribute_strategy, ...) with data_adapter, num_batches": lambda: (
+            _parameters(TFEpochIterator.__init__)[:2] == ["self", "distribute_strategy"]
+            and {"data_adapter", "num_batches"} <= set(dir(TFEpochIterator)) | _names_used(
+                TFEpochIterator.__mro__[1].__init__)),
+        "BackupAndRestore paths, epoch and batch attributes, _save_model": lambda: (
+            {"_weights_path", "_training_metadata_path", "_prev_weights_path",
+             "_prev_training_metadata_path", "_current_epoch", "_last_batch_seen"}
+            <= _names_used(backup.__init__) and callable(backup._save_model)
+            and "_initial_epoch" in _names_used(backup._load_model)),
+        "only fit's training TFEpochIterator takes class_weight": lambda: (
+            "class_weight" in _keywords_passed(trainer.fit)
+            and "class_weight" not in _keywords_passed(trainer.evaluate)
+            and "class_weight" not in _keywords_passed(trainer.predict)),
+        "TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch) builds through "
+        "_symbolic_build; TFEpochIterator._distributed_dataset": lambda: (
+            _parameters(trainer._maybe_symbolic_build) == ["self", "iterator", "data_batch"]
+            and "_symbolic_build" in _names_used(trainer._maybe_symbolic_build)
+            and "_distributed_dataset" in _names_used(TFEpochIterator._get_iterator)),
+        "Trainer._distribute_strategy": lambda: (
+            "_distribute_strategy" in _names_used(trainer.__init__)),
+        "Trainer.make_train_function(force), train_function": lambda: (
+            "force" in _parameters(trainer.make_train_function)
+            and "train_function" in _names_used(trainer.__init__)),
+        "TensorBoard log_dir, update_freq, _train_writer, profile range (_should_trace, "
+        "_start_batch, _stop_batch)": lambda: (
+            {"log_dir", "update_freq"} <= _names_used(keras.callbacks.TensorBoard.__init__)
+            and isinstance(vars(keras.callbacks.TensorBoard)["_train_writer"], property)
+            and {"_should_trace", "_start_batch", "_stop_batch"}
+            <= _names_used(keras.callbacks.TensorBoard._init_profile_batch)),
+        # The callbacks layer: one `params` dict per fit, shared by all its callbacks
+        # (`callbacks.learning_rate_control` finds the terms of one fit by it).
+        "CallbackList.set_params hands every callback the same params dict": _params_shared,
+        # `data._install_generator_without_prefetch` takes the dataset before the prefetch.
+        "GeneratorDataAdapter.get_tf_dataset ends with prefetch": lambda: (
+            _last_call_before_return(GeneratorDataAdapter.get_tf_dataset) == "prefetch"),
+    }
+    return [what for what, present in expectations.items() if not _holds(present)]
+
+
+def _params_shared():
+    first, second = keras.callbacks.Callback(), keras.callbacks.Callback()
+    params = {"epochs": 1, "steps": 1, "verbose": 0}
+    keras.callbacks.CallbackList([first, second]).set_params(params)
+    return first.params is params and second.params is params
+
+
+def _last_call_before_return(function):
+    """The method name called in the last statement before `function`'s final `return`."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(function)))).body[0].body
+    if len(body) < 2 or not isinstance(body[-1], ast.Return):
+        return None
+    value = getattr(body[-2], "value", None)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        return value.func.attr
+    return None
+
+
+def _holds(expectation):
+    try:
+        return bool(expectation())
+    except (AttributeError, KeyError, TypeError, ValueError, OSError, SyntaxError):  # gone or changed
+        return False
+
+
+def check_keras():
+    """Fail loudly if this Keras lacks what the patches rely on; warn if it is untested."""
+    version = tuple(int(part) for part in keras.__version__.split(".")[:2])
+    changes = _keras_changes()
+    if changes:
+        raise ImportError(
+            f"tfdist {tfdist_version} supports Keras >={'.'.join(map(str, SUPPORTED_KERAS[0]))}"
+            f",<{'.'.join(map(str, SUPPORTED_KERAS[1]))}; Keras {keras.__version__} is "
+            f"installed and has changed what tfdist patches: {'; '.join(changes)}. Install a "
+            "supported Keras (pip install 'keras>=3.15,<3.16')."
+        )
+    if not SUPPORTED_KERAS[0] <= version < SUPPORTED_KERAS[1]:
+        logging.warning("tfdist: Keras %s is outside the tested range [%s, %s); the internals "
+                        "tfdist patches are present, but results are not verified.",
+                        keras.__version__, SUPPORTED_KERAS[0], SUPPORTED_KERAS[1])
+
+
+check_keras()

@@ -1,0 +1,172 @@
+"""Data: the batches every rank sees, as one process would see them.
+
+Keras builds a model under a tfdist strategy from the data's element spec
+(no peeked batch), `*_on_batch` take a global batch, a Python generator's
+batches reach every rank in the same order, and every epoch iterator is
+recorded (the global batch size for the callbacks) and compared across
+ranks (the same number of batches and the same in-memory data).
+"""
+
+import functools
+
+import keras
+import tensorflow as tf
+from absl import logging
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
+from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
+
+from tfdist.strategies.data_fingerprint import array_fingerprint
+from tfdist.strategies.keras_patches.model_strategy import (is_tfdist_strategy, record_data_adapter,
+                                                            tfdist_strategy)
+
+
+def _install_build_without_peeking():
+    """Under a tfdist strategy, Keras builds the model from the data's spec, not from a batch.
+
+    With a strategy set, Keras' `fit` and `evaluate` build the model
+    symbolically from a first batch, which they take from a new iterator of
+    the data before the epoch's own. A `Dataset.shuffle` that reshuffles on
+    every iteration (its default) then draws one more order than the same
+    script without a strategy, and every epoch trains on other batches than
+    one process does. tfdist builds from the dataset's element spec (shapes
+    and dtypes are all a symbolic build reads); a model Keras cannot build
+    symbolically is built when its step is traced, as without a strategy.
+    """
+    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    maybe_symbolic_build = trainer._maybe_symbolic_build  # pylint: disable=protected-access
+
+    @functools.wraps(maybe_symbolic_build)  # check_keras reads the original through it
+    def build_from_spec(self, iterator=None, data_batch=None):
+        dataset = getattr(iterator, "_distributed_dataset", None)
+        if (data_batch is not None or dataset is None
+                or not is_tfdist_strategy(self._distribute_strategy)):
+            return maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
+        spec = tf.nest.map_structure(
+            lambda s: None if isinstance(s, tf.OptionalSpec) else s, dataset.element_spec)
+        with self.distribute_strategy.scope():
+            try:
+                self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
+            except RuntimeError as error:
+                # A model Keras cannot build symbolically (keras.io's GAN has no `call`):
+                # built when its step is traced, as Keras does without a strategy.
+                logging.log_first_n(logging.INFO, "tfdist: %s is built when its step is traced "
+                                    "(%s)", 1, self.name, str(error).split(".")[0])
+
+    trainer._maybe_symbolic_build = build_from_spec  # pylint: disable=protected-access
+
+
+def _rank_slice(value, rank, world_size):
+    """This rank's rows of an array-like batch (unchanged if it has no rows)."""
+    shape = getattr(value, "shape", None)
+    if shape is None or len(shape) == 0:
+        return value
+    rows = int(shape[0])
+    return value[(rank * rows) // world_size:((rank + 1) * rows) // world_size]
+
+
+def _install_on_batch_sharding():
+    """`train_on_batch`/`test_on_batch`/`predict_on_batch` take a global batch.
+
+    As in `fit`, each rank works on its slice of the batch, so the update,
+    the logs and the predictions (all rows, gathered) match one process.
+    """
+    for method_name in ("train_on_batch", "test_on_batch", "predict_on_batch"):
+        original = getattr(keras.Model, method_name)
+
+        def on_batch(self, *args, _original=original, **kwargs):
+            strategy = tfdist_strategy(self)
+            if strategy is not None and strategy.world_size > 1:
+                slicer = lambda v: _rank_slice(v, strategy.rank, strategy.world_size)
+                args = keras.tree.map_structure(slicer, args)
+                kwargs = {key: (value if key in ("class_weight", "return_dict")
+                                else keras.tree.map_structure(slicer, value))
+                          for key, value in kwargs.items()}
+            return _original(self, *args, **kwargs)
+
+        setattr(keras.Model, method_name, on_batch)
+
+
+def _install_generator_without_prefetch():
+    """A Python generator's batches reach every rank in the same order.
+
+    Keras' generator adapter builds a `tf.data` pipeline over ONE shared
+    Python generator and prefetches it; Keras opens an extra iterator to
+    peek at the first batch when it builds the model, and that iterator's
+    prefetch thread pulls batches from the shared generator for as long as
+    it lives - how many depends on timing, so ranks would train on slices of
+    different batches. Under a multi-process strategy the pipeline is used
+    without that prefetch and with tf.data's autotuning off (which otherwise
+    reads ahead: `from_generator` pulls one element more than it is asked
+    for, two behind a `map`), so each iterator takes exactly what it is asked
+    for and the peeked batches are replayed, as Keras intends. A pipeline fed
+    by a Python generator is bound by Python; nothing is lost.
+    """
+    get_tf_dataset = GeneratorDataAdapter.get_tf_dataset
+    exact = tf.data.Options()
+    exact.autotune.enabled = False
+
+    @functools.wraps(get_tf_dataset)  # check_keras reads the original through it
+    def without_prefetch(self):
+        dataset = get_tf_dataset(self)
+        if _multi_process[0] and hasattr(dataset, "_input_dataset"):
+            return dataset._input_dataset.with_options(exact)  # pylint: disable=protected-access
+        return dataset
+
+    GeneratorDataAdapter.get_tf_dataset = without_prefetch
+
+
+_multi_process = [False]
+
+
+def note_multi_process_strategy():
+    """Called when this process creates a strategy with more than one worker."""
+    _multi_process[0] = True
+
+
+def _in_memory_fingerprint(adapter):
+    """`data_fingerprint.array_fingerprint` of the arrays `fit` was given, or None."""
+    if not isinstance(adapter, ArrayDataAdapter):
+        return None
+    return array_fingerprint(keras.tree.flatten(adapter._inputs))  # pylint: disable=protected-access
+
+
+_data_recording_installed = False
+
+
+def install_data_recording():
+    """Record the data of every epoch iterator, and compare epoch lengths across ranks.
+
+    Every fit/evaluate/predict (and fit's validation) builds one epoch
+    iterator on every rank in lockstep: the place to compare epoch lengths,
+    and where `latest_data_batch_size` learns the global batch size.
+    """
+    global _data_recording_installed
+    if _data_recording_installed:
+        return
+    _data_recording_installed = True
+    epoch_iterator_init = TFEpochIterator.__init__
+
+    def iterator_init(self, distribute_strategy=None, *args, **kwargs):
+        # Only fit's training iterator passes class_weight (checked by check_keras).
+        if (is_tfdist_strategy(distribute_strategy) and "class_weight" not in kwargs
+                and distribute_strategy.extended.remote_updates is not None):
+            with distribute_strategy.extended.whole_batches():
+                epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        else:
+            epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
+        record_data_adapter(self.data_adapter)
+        if is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
+            distribute_strategy.extended.check_same_data(
+                self.num_batches, _in_memory_fingerprint(self.data_adapter))
+
+    TFEpochIterator.__init__ = iterator_init
+
+
+def install():
+    """The data patches above (`install_data_recording` may come earlier, alone)."""
+    _install_build_without_peeking()
+    _install_on_batch_sharding()
+    _install_generator_without_prefetch()
+    install_data_recording()

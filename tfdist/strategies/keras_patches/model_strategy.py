@@ -1,0 +1,108 @@
+"""What a model's tfdist strategy is, for the patches and the callbacks layer.
+
+The small, stable API the rest of tfdist uses to ask about a Keras model
+or callback: the tfdist strategy a model was built under
+(`tfdist_strategy`), whether this rank is the chief of a multi-process job,
+the asynchronous parameter-server client, an optimizer's learning-rate
+setting, the global batch size the latest `fit` received
+(`latest_data_batch_size`), and which callback classes decide their stop
+flags alike on every rank (`agrees_across_ranks`). It imports nothing of
+the strategies, so any layer above may use it without a cycle.
+"""
+
+import weakref
+
+import keras
+import tensorflow as tf
+from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+
+from tfdist import _tf
+
+
+# Callbacks that never set a stop flag, or set it only from the logs (which are global:
+# the same on every rank), so every rank decides alike (`agrees_across_ranks`).
+_AGREEING_CALLBACKS = {
+    keras.callbacks.History, keras.callbacks.ProgbarLogger, keras.callbacks.EarlyStopping,
+    keras.callbacks.TerminateOnNaN, keras.callbacks.ModelCheckpoint, keras.callbacks.TensorBoard,
+    keras.callbacks.CSVLogger, keras.callbacks.BackupAndRestore,
+    keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau,
+}
+
+
+def agrees_across_ranks(callback_class):
+    """Class decorator: this callback sets no stop flag, or only from the (global) logs.
+
+    Exact classes only: a subclass may decide differently, and is not trusted
+    until it says so itself.
+    """
+    _AGREEING_CALLBACKS.add(callback_class)
+    return callback_class
+
+
+def agrees(callback):
+    """True if `callback`'s exact class is marked `agrees_across_ranks`."""
+    return type(callback) in _AGREEING_CALLBACKS
+
+
+def learning_rate_setting(optimizer):
+    """What `optimizer` was created with as its learning rate (a float, variable or schedule)."""
+    return getattr(optimizer, "_learning_rate", None)
+
+
+def tfdist_strategy(model):
+    """The tfdist strategy `model` was built under, or None."""
+    strategy = getattr(model, "_distribute_strategy", None)  # pylint: disable=protected-access
+    return strategy if is_tfdist_strategy(strategy) else None
+
+
+def asynchronous_updates(model):
+    """The asynchronous parameter-server client of `model`'s strategy, or None (synchronous)."""
+    strategy = tfdist_strategy(model)
+    return strategy.extended.remote_updates if strategy is not None else None
+
+
+def is_tfdist_strategy(strategy):
+    """True for a tfdist strategy (`DataParallelStrategy` marks itself; no import of it here)."""
+    return getattr(type(strategy), "is_tfdist_data_parallel", False) is True
+
+
+def is_multi_process(model):
+    strategy = tfdist_strategy(model)
+    return strategy is not None and strategy.world_size > 1
+
+
+def is_non_chief_model(model):
+    strategy = tfdist_strategy(model)
+    return strategy is not None and not strategy.is_chief
+
+
+def in_multi_process_strategy():
+    """True inside the scope of a tfdist strategy with more than one worker."""
+    strategy = tf.distribute.get_strategy()
+    return is_tfdist_strategy(strategy) and strategy.world_size > 1
+
+
+_latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
+
+
+def record_data_adapter(adapter):
+    """Remember the data adapter of the epoch iterator just built (`latest_data_batch_size`)."""
+    global _latest_data_adapter
+    _latest_data_adapter = weakref.ref(adapter)
+
+
+def latest_data_batch_size():
+    """Rows per batch of the data given to the latest fit/evaluate/predict, or None.
+
+    `fit` builds its training epoch iterator just before its callbacks'
+    `on_train_begin`, so there it is the global batch size of the training
+    data: the `batch_size` argument for arrays, the batch dimension for a
+    batched `tf.data.Dataset` (read from the pipeline when not static).
+    """
+    adapter = _latest_data_adapter() if _latest_data_adapter is not None else None
+    if adapter is None:
+        return None
+    size = adapter.batch_size
+    if size is None and isinstance(adapter, TFDatasetAdapter):
+        size = int(_tf.static_batch_size(adapter.get_tf_dataset()))
+    return int(size) if size is not None and size > 0 else None

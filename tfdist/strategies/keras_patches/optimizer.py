@@ -1,0 +1,74 @@
+"""Optimizers: the global gradient reaches `apply` before anything else touches it."""
+
+import tensorflow as tf
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
+from tfdist.strategies import replica_step
+from tfdist.strategies.keras_patches.steps import scales_loss
+
+
+def install():
+    """Optimizers see the global gradient before anything else touches it.
+
+    Keras' TF optimizer all-reduces inside `apply`, after clipping
+    (`clipnorm`, `clipvalue`, `global_clipnorm`), gradient accumulation and
+    LossScaleOptimizer's finite check - all of which must see the whole
+    batch's gradient to match one process. tfdist aggregates at the entry of
+    the outermost `apply` and marks the step so the inner all-reduce is skipped.
+    In Keras' own `train_step` the whole `apply` waits for the end of the
+    step (`ReplicaStep.defers_updates`), where the gradients join the step's
+    one fused all-reduce.
+    """
+
+    def aggregating(original):
+        def apply(self, grads, trainable_variables=None):
+            step = replica_step.current()
+            if step is None or step.gradients_aggregated:
+                return original(self, grads, trainable_variables)
+            strategy = tf.distribute.get_strategy()
+            grads = list(grads)
+            variables = (trainable_variables if trainable_variables is not None
+                         else self._trainable_variables)  # pylint: disable=protected-access
+            if step.remote_parameter_set is not None:  # asynchronous: the servers apply
+                return strategy.extended.push_gradients(
+                    self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
+            if step.defers_updates:  # summed with the step's state at its end
+                step.defer_update(replica_step.DeferredUpdate(
+                    tuple(grads),
+                    tuple(variables) if len(variables) == len(grads) else None,
+                    step.loss_was_weighted_for(self),
+                    lambda global_grads: original(self, global_grads, trainable_variables)))
+                return None
+            grads = strategy.extended.aggregate_gradients(
+                grads, variables=variables if len(variables) == len(grads) else None,
+                weighted_in_loss=step.loss_was_weighted_for(self))
+            with step.aggregated_gradients():
+                return original(self, grads, trainable_variables)
+
+        return apply
+
+    def share_weighted(original):
+        def scale_loss(self, loss):
+            step = replica_step.current()
+            loss = original(self, loss)
+            if step is None or step.scaled_by_user or not scales_loss(self):
+                return loss
+            return step.weight_loss(self, loss)
+
+        return scale_loss
+
+    for optimizer_class in (BaseOptimizer, LossScaleOptimizer):
+        optimizer_class.apply = aggregating(optimizer_class.apply)
+        optimizer_class.scale_loss = share_weighted(optimizer_class.scale_loss)
+
+    all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        step = replica_step.current()
+        if step is not None and step.gradients_aggregated:
+            return list(grads_and_vars)
+        return all_reduce_sum_gradients(self, grads_and_vars)
+
+    TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients  # pylint: disable=protected-access
