@@ -157,3 +157,35 @@ def test_local_state_becomes_what_one_process_holds(split):
         np.testing.assert_allclose(count, [10.0 + sum(split)])
         np.testing.assert_allclose(batch_mean, [4.0 + want_mean_change], rtol=1e-6)
         np.testing.assert_allclose(moving, want_moving, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("split", SPLIT_CASES)
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_global_gradients_are_what_one_process_computes(split, compression):
+    """Dense gradients share-weighted (fused, or compressed after weighting), sparse slices
+    of indices every rank shares summed once, None kept - the one gradient path."""
+    from tfdist.aggregation.compression import get_compression  # pylint: disable=C0415
+    from tfdist.aggregation.counters import CommunicationCounters  # pylint: disable=C0415
+    from tfdist.strategies import replica_step  # pylint: disable=C0415
+    from tfdist.strategies.global_gradients import GlobalGradients  # pylint: disable=C0415
+
+    def fn(step, aggregator, rank):
+        comm = aggregator.communicator
+        gradients = GlobalGradients(aggregator, comm, get_compression(compression),
+                                    CommunicationCounters(rank, comm.world_size))
+        sparse = tf.IndexedSlices(tf.constant(rank_value(rank, shape=(2, 3))),
+                                  tf.constant([4, 1]), tf.constant([6, 3]))
+        with replica_step.active(step):
+            dense, none, slices = gradients.aggregate(
+                [tf.constant(rank_value(rank + 30)), None, sparse])
+        return dense, none, slices
+
+    weights = shares(split)
+    want_dense = sum(s * rank_value(r + 30) for r, s in enumerate(weights))
+    want_sparse = sum(s * rank_value(r, shape=(2, 3)) for r, s in enumerate(weights))
+    tolerance = 2e-3 if compression == "fp16" else 1e-6
+    for dense, none, slices in run_step(split, fn):
+        np.testing.assert_allclose(dense, want_dense, rtol=tolerance, atol=tolerance)
+        assert none is None
+        assert slices.indices.numpy().tolist() == [4, 1]  # each shared index once
+        np.testing.assert_allclose(slices.values, want_sparse, rtol=1e-6, atol=1e-7)

@@ -23,6 +23,17 @@ class ClusterError(RuntimeError):
 _ASSERTION = re.compile(r"assertion failed: ((?:\[[^\]]*\] ?)+)")
 
 
+class ServerRoleFinished(SystemExit):
+    """A script started as a parameter server served its shard; the script ends here.
+
+    Raised by `ParameterServerStrategy()` in a process of the server role
+    (`tfdist-run --num-servers K`, a TF_CONFIG `ps` task) once every worker
+    is done: the rest of the script is the workers'. A `SystemExit`, so the
+    interpreter exits with `code` (the server's: 0, or 1 after a failure it
+    reported) without a traceback, and `except Exception` does not catch it.
+    """
+
+
 def tfdist_assertion(error):
     """The one-line message of a tfdist check inside a compiled step, or None.
 

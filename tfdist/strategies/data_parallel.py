@@ -28,7 +28,6 @@ Subclasses only choose the aggregation hook (`make_aggregator`).
 """
 
 import contextlib
-import threading
 import time
 
 import tensorflow as tf
@@ -36,18 +35,17 @@ from absl import logging
 
 from tfdist import _tf
 from tfdist import runtime
-from tfdist.aggregation.base import GRADIENTS, STATE, with_static_shape
+from tfdist.aggregation.base import STATE
 from tfdist.aggregation.compression import NoCompression, get_compression
 from tfdist.aggregation.counters import CommunicationCounters
-from tfdist.aggregation.parameter_server.async_client import bytes_by_server, variable_bytes
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.strategies import average_loss
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import replica_step
-from tfdist.strategies.batch_dependence import reads_batch
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
+from tfdist.strategies.global_gradients import GlobalGradients
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
@@ -65,6 +63,9 @@ def _local_device(cluster):
 class DataParallelExtended(_tf.OneDeviceExtended):
     """The strategy's implementation (`strategy.extended`)."""
 
+    # The asynchronous parameter server's client (`asynchronous.AsynchronousExtended`).
+    remote_updates = None
+
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
         self._cluster = runtime.cluster()
         if self._cluster.is_server:
@@ -74,7 +75,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             )
         self._communicator = runtime.communicator(engine, **engine_options)
         self._cluster = runtime.cluster()  # now with addresses exchanged, if they were
-        self._compression = get_compression(compression)
         super().__init__(container_strategy, _local_device(self._cluster))
         # One process runs Keras' own step: no share weighting, no state to make global.
         self._one_process = self._cluster.world_size == 1
@@ -87,17 +87,22 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._cluster.rank, self._cluster.world_size, self._aggregator.num_servers)
         if self._aggregator.communicates:
             self._aggregator.counters = self.communication_counters
+        self._gradients = GlobalGradients(self._aggregator, self._communicator,
+                                          get_compression(compression),
+                                          self.communication_counters)
         self._local_state = LocalStateSync(self)
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self._any_rank_functions = {}  # number of flags -> compiled exchange
-        # Asynchronous parameter server only: the servers apply the updates (`async_client`).
-        self.remote_updates = None
-        self._whole_batches = threading.local()
 
     @property
     def communicator(self):
         """This process's `tfdist.comm.base.Communicator` (an identity for one process)."""
         return self._communicator
+
+    @property
+    def compression_name(self):
+        """The wire compression of dense gradients ("none", "fp16")."""
+        return self._gradients.compression.name
 
     @property
     def aggregator(self):
@@ -169,19 +174,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _all_reduce_sum(self, values):
         return self._aggregator.all_reduce(values)
 
-    def _all_reduce(self, reduce_op, values, compression, variables=None, kind=GRADIENTS):
-        if not self._aggregator.communicates or not values:
-            return list(values)
-        wire, contexts = zip(*[compression.compress(tf.convert_to_tensor(v)) for v in values])
-        summed = self._aggregator.all_reduce(list(wire), variables, kind)
-        summed = [compression.decompress(s, c) for s, c in zip(summed, contexts)]
-        if reduce_op == _tf.ReduceOp.MEAN:
-            summed = [s / tf.cast(self._cluster.world_size, s.dtype) for s in summed]
-        return summed
-
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        return self._all_reduce(reduce_op, [value], NoCompression(), kind=STATE)[0]
+        return self._gradients.all_reduce([value], NoCompression(), kind=STATE,
+                                          reduce_op=reduce_op)[0]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         # Gradients reduced outside a tfdist step (a user's own loop) arrive here.
@@ -190,126 +186,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         step = replica_step.current()
         if step is not None and step.gradients_aggregated:
             return values  # already summed by aggregate_gradients
-        return self._all_reduce(reduce_op, values, self._compression)
+        return self._gradients.all_reduce(values, self._gradients.compression,
+                                          reduce_op=reduce_op)
 
     def aggregate_gradients(self, gradients, variables=None, weighted_in_loss=False):
-        """The global batch's gradients from this rank's, inside a step.
-
-        Each rank's gradient (of a loss that is a mean over its slice) is
-        weighted by its share of the global batch and summed over ranks:
-        dense tensors through the aggregator (in one fused all-reduce with
-        the row count, `step_sum`; compressed on the wire if configured),
-        `IndexedSlices` by gathering every rank's (index, value) pairs in
-        rank order - the pairs one process would produce for the whole
-        batch, so Keras' sparse optimizer updates match one process.
-        None stays None. `variables`: the variable of each gradient (handed
-        to the aggregation hook with its gradient), or None.
-        `weighted_in_loss`: the loss was already weighted by the share
-        (`ReplicaStep.weight_loss`); only an empty slice's gradients are then
-        zeroed. Outside a step (or on one process) the
-        gradients are returned unchanged.
-        """
-        step = replica_step.current()
-        if step is None:
-            return list(gradients)
-        if self._compresses:
-            return self._compressed_gradients(step, gradients, variables, weighted_in_loss)
-        total = StepSum(step)
-        finish = self._add_gradients(total, gradients, variables, weighted_in_loss)
-        total.run(self._aggregator.all_reduce)
-        return finish()
-
-    def _add_gradients(self, total, gradients, variables, weighted_in_loss):
-        """Add the dense gradients to `total` (a `StepSum`); return `finish`.
-
-        `finish()`, called after `total.run`, gives the global gradients:
-        dense ones from the sum, sparse ones gathered (`_gather_slices`).
-        """
-        step = total.step
-        variables = list(variables) if variables is not None else [None] * len(gradients)
-        slots = {}
-        for position, (gradient, variable) in enumerate(zip(gradients, variables)):
-            if gradient is None or isinstance(gradient, tf.IndexedSlices):
-                continue
-            if weighted_in_loss:
-                slots[position] = total.add_sum(tf.math.multiply_no_nan(
-                    gradient, step.gradient_weight(True)(gradient.dtype)), variable,
-                    is_gradient=True)
-            else:
-                slots[position] = total.add_share_weighted(gradient, variable, is_gradient=True)
-
-        def finish():
-            weight = step.gradient_weight(weighted_in_loss)
-            result = list(gradients)
-            for position, gradient in enumerate(gradients):
-                if position in slots:
-                    result[position] = total.result(slots[position])
-                elif isinstance(gradient, tf.IndexedSlices):
-                    result[position] = self._gather_slices(gradient, step, weight)
-            return result
-
-        return finish
-
-    @property
-    def _compresses(self):
-        return self._compression.name != NoCompression.name
-
-    def _compressed_gradients(self, step, gradients, variables, weighted_in_loss):
-        """Gradients compressed on the wire: share-weighted first (the step learns n first)."""
-        weight = step.gradient_weight(weighted_in_loss)
-        result = list(gradients)
-        variables = list(variables) if variables is not None else [None] * len(result)
-        dense_positions, dense = [], []
-        for position, gradient in enumerate(gradients):
-            if gradient is None:
-                continue
-            if isinstance(gradient, tf.IndexedSlices):
-                result[position] = self._gather_slices(gradient, step, weight)
-            else:
-                dense_positions.append(position)
-                dense.append(tf.math.multiply_no_nan(gradient, weight(gradient.dtype)))
-        summed_dense = self._all_reduce(_tf.ReduceOp.SUM, dense, self._compression,
-                                        [variables[p] for p in dense_positions])
-        for position, summed in zip(dense_positions, summed_dense):
-            result[position] = summed
-        return result
-
-    def _gather_slices(self, slices, step, weight):
-        """The `IndexedSlices` one process has for the global batch (`batch_dependence`).
-
-        Indices looked up from the batch: every rank's weighted (index,
-        value) pairs, in rank order. Indices that do not depend on the
-        batch (the same on every rank): those indices once, with the
-        weighted values summed over ranks.
-        """
-        if not reads_batch(slices.indices, step.inputs):
-            return self._sum_slices_of_shared_indices(slices, weight)
-        rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
-        values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))[:rows]
-        values, indices = self._gathered_sparse_gradients([values, slices.indices[:rows]])
-        return tf.IndexedSlices(values, indices, slices.dense_shape)
-
-    def _sum_slices_of_shared_indices(self, slices, weight):
-        """Sum over ranks of the weighted values of slices whose indices every rank shares.
-
-        Gathered and summed (any shape; k indices cost P k values of traffic,
-        few for a position embedding).
-        """
-        values = tf.math.multiply_no_nan(slices.values, weight(slices.values.dtype))
-        gathered, = self._gathered_sparse_gradients([values])
-        per_rank = tf.reshape(gathered, tf.concat(
-            [[self._cluster.world_size, -1], tf.shape(values)[1:]], axis=0))
-        summed = tf.ensure_shape(tf.reduce_sum(per_rank, axis=0), values.shape)
-        return tf.IndexedSlices(summed, slices.indices, slices.dense_shape)
-
-    def _gathered_sparse_gradients(self, tensors):
-        """Every rank's `tensors`, concatenated in rank order (named and counted)."""
-        counters = self.communication_counters
-        mine = sum(tf.size(t, tf.int64) * t.dtype.size for t in tensors) if counters.active else 0
-        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
-            return counters.timed(
-                tensors, lambda: tuple(self._communicator.all_gather(t) for t in tensors),
-                payload_bytes=mine, sent_bytes=mine * (self._cluster.world_size - 1))
+        """The global batch's gradients from this rank's, now (`global_gradients`)."""
+        return self._gradients.aggregate(gradients, variables, weighted_in_loss)
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -329,8 +211,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         which a one-device process does not create; they are ignored.
         """
         del options
-        if getattr(self._whole_batches, "on", False):
-            return LocalSliceDataset(dataset)  # every rank reads every global batch
         if derives_from_local_slice(dataset):
             # Distributed already (a user's call before model.fit, perhaps mapped by Keras).
             return dataset if isinstance(dataset, LocalSliceDataset) else LocalSliceDataset(dataset)
@@ -342,15 +222,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return LocalSliceDataset(_shard_files(dataset, context))
         return LocalSliceDataset(shard_global_batch(dataset, cluster.rank, cluster.world_size))
 
-    @contextlib.contextmanager
-    def whole_batches(self):
-        """Inside: datasets are distributed whole, not sliced (asynchronous evaluate/predict)."""
-        self._whole_batches.on = True
-        try:
-            yield
-        finally:
-            self._whole_batches.on = False
-
     def check_same_data(self, num_batches, fingerprint=None):
         """Fail clearly when ranks were given different data (a silent mismatch otherwise).
 
@@ -361,11 +232,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         every rank would train on a slice of its shard: 1/P of the rows.
         `num_batches`: this rank's batches per epoch (None: unknown);
         `fingerprint`: (rows, hash) of its arrays (`data_fingerprint`), or
-        None. One all-gather of three integers. Asynchronous workers are not
-        in step (a collective could wait on a dead worker): not checked.
+        None. One all-gather of three integers.
         """
-        if self.remote_updates is not None:
-            return
         rows, digest = fingerprint if fingerprint is not None else (-1, -1)
         mine = tf.constant([[-1 if num_batches is None else num_batches, rows, digest]], tf.int64)
         every_rank = self._communicator.all_gather(mine).numpy().tolist()
@@ -393,16 +261,11 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
         `training`: the exchange belongs to training (fit's `stop_training`):
         its time counts as training communication (`communication_counters`).
-
-        With asynchronous updates the workers are not in step, and a dead
-        worker must not block the others: every flag stays this rank's own.
         """
         return self.any_rank_each([flag], training)[0]
 
     def any_rank_each(self, flags, training=False):
         """`any_rank` of each of several flags, in one tiny all-reduce."""
-        if self.remote_updates is not None:
-            return [bool(flag) for flag in flags]
         flags = list(flags)
         if len(flags) not in self._any_rank_functions:
             # Compiled once per length (a function's traces share their collective keys, which
@@ -435,13 +298,17 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         training = keras_steps.is_train_step(fn)
         with (self.communication_counters.recording() if training
               else contextlib.nullcontext()):
-            if self.remote_updates is not None:
-                if training:
-                    return self._remote_train_step(fn, args, kwargs)
-                # Asynchronous evaluate/predict: every rank runs every global batch on the
-                # servers' parameters, alone (no collective a dead worker could block).
-                return self._in_replica_context(fn, args, kwargs)
-            return self._synchronous_step(fn, args, kwargs)
+            return self._step(fn, args, kwargs, training)
+
+    def _step(self, fn, args, kwargs, training):
+        """One step of `fn` across the ranks: here, every rank together (`_synchronous_step`)."""
+        del training
+        return self._synchronous_step(fn, args, kwargs)
+
+    def epoch_data_scope(self, training):
+        """Context in which Keras builds an epoch iterator (`training`: fit's own)."""
+        del training
+        return contextlib.nullcontext()
 
     def _in_replica_context(self, fn, args, kwargs):
         """`fn` in this process's replica context, numbered as MultiWorkerMirroredStrategy does.
@@ -478,7 +345,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         # as it is, empty or not; Keras' steps compute per-slice means that tfdist weights.
         scaled_by_user = model is None and not keras_steps.is_predict_step(fn)
         step = self._begin_replica_step(args, model, scaled_by_user)
-        step.defers_updates = keras_steps.is_keras_train_step(fn) and not self._compresses
+        step.defers_updates = (keras_steps.is_keras_train_step(fn)
+                               and not self._gradients.compresses)
 
         def step_then_sum(*step_args, **step_kwargs):
             outputs = fn(*step_args, **step_kwargs)
@@ -503,8 +371,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         assigned = self._local_state.end_step()
         total = StepSum(step)
         updates = step.take_deferred_updates()
-        finish_gradients = [self._add_gradients(total, u.gradients, u.variables,
-                                                u.weighted_in_loss) for u in updates]
+        finish_gradients = [self._gradients.add_to(total, u.gradients, u.variables,
+                                                   u.weighted_in_loss) for u in updates]
         state_slots = self._local_state.contribute(assigned, step, total)
         raw_keys = (keras_steps.raw_log_keys(model, outputs)
                     if model is not None and isinstance(outputs, dict) else [])
@@ -528,67 +396,6 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return self._globalize_outputs(
                 fn, model, outputs, step,
                 {key: total.result(slot) for key, slot in zip(raw_keys, raw_slots)})
-
-    def _remote_train_step(self, fn, args, kwargs):
-        """An asynchronous worker's train step: pull, compute, push (no collective).
-
-        Each worker weights its gradient by 1 / P (Keras' convention for P
-        replicas), so P worker updates weigh one synchronous step; logs and
-        metric state stay this worker's own.
-        """
-        model = keras_steps.model_of_step(fn)
-        if model.optimizer is None:
-            raise ValueError("tfdist asynchronous parameter server: compile the model with an "
-                             "optimizer before fit.")
-        keras_steps.check_asynchronous_optimizer(model.optimizer)
-        parameter_set = self.remote_updates.parameter_set(model.optimizer,
-                                                          model.trainable_variables)
-        counters = self.communication_counters
-        counters.count_step()
-        pull_bytes = sum(variable_bytes(v) for v in parameter_set[1])
-        with tf.name_scope("tfdist/ps_async/pull/"):
-            pulls = counters.timed([], lambda: self.remote_updates.begin_step(*parameter_set),
-                                   payload_bytes=pull_bytes, sent_bytes=0)
-        local_rows = batch_rows(args)
-        step = replica_step.ReplicaStep(
-            local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size)
-        step.remote_parameter_set = parameter_set
-        with replica_step.active(step), tf.control_dependencies(pulls):
-            args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
-            return self._in_replica_context(fn, args, kwargs)
-
-    def push_gradients(self, optimizer, gradients, variables, weighted_in_loss):
-        """Inside an asynchronous train step: send the gradients to the servers.
-
-        The servers apply them with the user's optimizer; the worker's own
-        optimizer only counts the step (`iterations`, which the learning-rate
-        callbacks read).
-        """
-        step = replica_step.current()
-        set_id, set_variables, servers = step.remote_parameter_set
-        if not self.remote_updates.owns(optimizer):
-            raise ValueError(
-                "tfdist asynchronous parameter server: only the model's own optimizer "
-                f"(model.compile) can update it; got another optimizer, {optimizer.name!r}.")
-        by_variable = {id(v): g for g, v in zip(gradients, variables)}
-        grads = []
-        for variable in set_variables:
-            gradient = by_variable.get(id(variable))
-            if gradient is None:
-                gradient = tf.zeros(variable.shape, variable.dtype)
-            gradient = with_static_shape(tf.convert_to_tensor(gradient),  # IndexedSlices: dense
-                                         variable)
-            grads.append(tf.math.multiply_no_nan(
-                gradient, step.gradient_weight(weighted_in_loss)(gradient.dtype)))
-        counters = self.communication_counters
-        by_server = bytes_by_server(set_variables, servers, counters.num_servers)
-        counters.count_server_bytes(by_server)
-        with tf.name_scope("tfdist/ps_async/push/"):
-            pushed = counters.timed(grads, lambda: self.remote_updates.push(
-                set_id, set_variables, servers, grads, optimizer.learning_rate),
-                payload_bytes=sum(by_server), sent_bytes=sum(by_server))
-        with tf.control_dependencies(pushed):
-            return optimizer.iterations.assign_add(1)
 
     def _begin_replica_step(self, args, model, scaled_by_user=False):
         """This step's `ReplicaStep`: its rows; the global batch's when they are needed.
@@ -678,12 +485,13 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     """
 
     is_tfdist_data_parallel = True  # how `keras_patches.model_strategy` tells it (no import)
+    extended_class = DataParallelExtended  # what `strategy.extended` is
 
     def __init__(self, make_aggregator, engine="collective", engine_options=None,
                  compression=None):
         keras_patches.install()
-        extended = DataParallelExtended(self, make_aggregator, engine, engine_options or {},
-                                        compression)
+        extended = self.extended_class(self, make_aggregator, engine, engine_options or {},
+                                       compression)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         if self.world_size > 1:
@@ -697,7 +505,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
                 "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
                 type(self).__name__, self.world_size,
                 extended.aggregator.name,
-                engine, extended._compression.name,  # pylint: disable=protected-access
+                engine, extended.compression_name,
                 extended._cluster.launcher,  # pylint: disable=protected-access
             )
 

@@ -3,9 +3,11 @@
 import sys
 
 from tfdist import runtime
+from tfdist.errors import ServerRoleFinished
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
 from tfdist.aggregation.parameter_server.async_client import AsyncParameterServerClient
 from tfdist.aggregation.parameter_server.colocated import ColocatedServer
+from tfdist.strategies.asynchronous import AsynchronousExtended
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
 MODES = ("sync", "async")
@@ -82,7 +84,7 @@ class ParameterServerStrategy(DataParallelStrategy):
         if cluster.is_server:
             from tfdist.aggregation.parameter_server.server_process import run_server
 
-            sys.exit(run_server(cluster))
+            raise ServerRoleFinished(run_server(cluster))
         dedicated = cluster.server_addresses
         available = len(dedicated) or cluster.world_size
         if num_servers is not None and num_servers != available:
@@ -96,6 +98,8 @@ class ParameterServerStrategy(DataParallelStrategy):
         self.colocated = not dedicated
         self.piece_bytes = piece_bytes
         self._remote_updates = None
+        if mode == "async":
+            self.extended_class = AsynchronousExtended
         super().__init__(self._make_aggregator, engine="collective", compression=compression)
         self.extended.remote_updates = self._remote_updates
 

@@ -7,6 +7,7 @@ recorded (the global batch size for the callbacks) and compared across
 ranks (the same number of batches and the same in-memory data).
 """
 
+import contextlib
 import functools
 
 import keras
@@ -150,11 +151,9 @@ def install_data_recording():
 
     def iterator_init(self, distribute_strategy=None, *args, **kwargs):
         # Only fit's training iterator passes class_weight (checked by check_keras).
-        if (is_tfdist_strategy(distribute_strategy) and "class_weight" not in kwargs
-                and distribute_strategy.extended.remote_updates is not None):
-            with distribute_strategy.extended.whole_batches():
-                epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
-        else:
+        scope = (distribute_strategy.extended.epoch_data_scope("class_weight" in kwargs)
+                 if is_tfdist_strategy(distribute_strategy) else contextlib.nullcontext())
+        with scope:
             epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
         record_data_adapter(self.data_adapter)
         if is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
