@@ -13,14 +13,12 @@ from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.eager import context
 from tensorflow.python.ops import collective_ops
-from tensorflow.python.ops import resource_variable_ops
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
 OneDeviceExtended = one_device_strategy.OneDeviceExtended
 ReplicaContext = distribute_lib.ReplicaContext
 ReduceOp = reduce_util.ReduceOp
-ResourceVariable = resource_variable_ops.ResourceVariable
 UnaryUnchangedStructureDataset = dataset_ops.UnaryUnchangedStructureDataset
 XSpace = xplane_pb2.XSpace  # the profiler's file format (*.xplane.pb)
 

@@ -97,8 +97,6 @@ class ReductionTreeAggregator(Aggregator):
     def __init__(self, communicator, fanout=2, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
                  first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
-        if int(chunk_bytes) < 1:
-            raise ValueError(f"chunk_bytes must be a positive number of bytes. Got: {chunk_bytes!r}")
         if not communicator.supports_point_to_point:
             raise ValueError(
                 "the reduction tree needs point-to-point transfers, which the "
@@ -108,7 +106,7 @@ class ReductionTreeAggregator(Aggregator):
         super().__init__()
         self.communicator = communicator
         self.tree = KaryTree(communicator.world_size, fanout)
-        self.chunk_bytes = int(chunk_bytes)
+        self.chunk_bytes = positive_bytes("chunk_bytes", chunk_bytes)
         self.bucket_bytes = positive_bytes("bucket_bytes", bucket_bytes)
         self.first_bucket_bytes = positive_bytes("first_bucket_bytes", first_bucket_bytes)
 

@@ -1,1 +1,1 @@
-"""Adapters over existing communication engines (TensorFlow collectives; Horovod later)."""
+"""Adapters over existing communication engines (TensorFlow collectives, Horovod), RPC, liveness."""

@@ -35,7 +35,6 @@ class LocalSliceDataset(_tf.UnaryUnchangedStructureDataset):
     """
 
     def __init__(self, dataset):
-        self._local_dataset = dataset
         super().__init__(dataset, dataset._variant_tensor)  # pylint: disable=protected-access
 
 

@@ -28,7 +28,7 @@ that handles it, in arrival order:
 * gone (the server noticed a dead worker): neither the gate nor a barrier
   waits for it any more, so the other workers finish.
 
-Values travel in pieces of at most `async_client.PIECE_BYTES` (gRPC caps a
+Values travel in pieces of at most `async_client.PIECE_ELEMENTS` floats (gRPC caps a
 message at 4 MiB): a set-up or a push is handled once its final piece has
 arrived (a worker's pieces arrive in order), and a pull is answered in as
 many pieces as the worker asks for.
@@ -53,7 +53,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-QUEUE_CAPACITY = 1 << 20
+from tfdist.aggregation.parameter_server import protocol
+from tfdist.aggregation.parameter_server.protocol import QUEUE_CAPACITY
+
 SETUP, PULL, PUSH, GATE, LEAVE, BARRIER, GONE = 0, 1, 2, 3, 4, 5, 6
 _INT32, _INT64 = tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)
 _FLOAT32, _STRING, _BOOL = (tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.string),
@@ -169,13 +171,10 @@ class AsyncParameterStore:
             with tf.control_dependencies(queued):
                 if replies is None:
                     return tf.constant(0, tf.int32)
-                return self._by_worker(request["worker"], lambda w: _as_tuple(
-                    replies[w].dequeue()))
+                return protocol.by_worker(request["worker"], self.num_workers,
+                                          lambda w: _as_tuple(replies[w].dequeue()))
 
         return method
-
-    def _by_worker(self, worker, branch):
-        return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
 
     def _enqueue(self, kind, worker, set_id=0, step=0, tau=0, learning_rate=0.0, spec="",
                  values=None, final=True, piece_elements=0):

@@ -10,7 +10,7 @@ A shard server exposes these functions over TensorFlow's RPC runtime
   worker whose rank is in `step` is gone;
 * `checkin(worker, state)`: `HELLO` when a worker starts, `GOODBYE` when it
   is done (the server stops once every worker said goodbye);
-* `stats()`: [process id, bytes received, pieces received].
+* `stats()`: [process id, bytes received, pieces received, asynchronous updates applied].
 
 Tensors travel as float16 if they are float16, else as float32 (`wire_of`).
 """
@@ -20,6 +20,13 @@ import tensorflow as tf
 WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
 HELLO, GOODBYE = 1, 2  # check-in states
 STOPPED_SLOT = -1  # a pull answered with this slot: the server stopped; step = the dead worker
+QUEUE_CAPACITY = 1 << 20  # elements a server's request, reply and permit queues may hold
+
+
+def by_worker(worker, num_workers, branch):
+    """`branch(w)` for the rank `worker` (an int32 tensor) of 0..num_workers-1, in-graph:
+    a server's per-worker queues are Python lists, indexed by a tensor through a switch."""
+    return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(num_workers)])
 
 
 def wire_of(dtype):

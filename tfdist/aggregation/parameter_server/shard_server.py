@@ -33,15 +33,15 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from tfdist.aggregation.parameter_server.protocol import (GOODBYE, HELLO, STOPPED_SLOT,
-                                                          WIRE_DTYPES, pull_method,
+from tfdist.aggregation.parameter_server import protocol
+from tfdist.aggregation.parameter_server.protocol import (GOODBYE, HELLO, QUEUE_CAPACITY,
+                                                          STOPPED_SLOT, WIRE_DTYPES, pull_method,
                                                           push_method)
 from tfdist.aggregation.parameter_server.async_store import AsyncParameterStore
 from tfdist.comm import tf_rpc
 from tfdist.comm.liveness import PROBE_INTERVAL_SECONDS, ProbeCounter, connection_refused
 
 REDUCER_EXIT_SECONDS = 30.0
-QUEUE_CAPACITY = 1 << 20
 
 
 class ShardServer:
@@ -85,9 +85,6 @@ class ShardServer:
         self._server = tf_rpc.serve(address, methods)
 
     # ------------------------------------------------------------ methods
-    def _by_worker(self, worker, branch):
-        return tf.switch_case(worker, [lambda w=w: branch(w) for w in range(self.num_workers)])
-
     def _push_function(self, wire):
         dtype = WIRE_DTYPES[wire]
 
@@ -97,7 +94,7 @@ class ShardServer:
             def enqueue(w):
                 with tf.control_dependencies([self._inbox[wire][w].enqueue((slot, step, values))]):
                     return tf.constant(0, tf.int32)
-            done = self._by_worker(worker, enqueue)
+            done = protocol.by_worker(worker, self.num_workers, enqueue)
             nbytes = tf.cast(tf.size(values), tf.int64) * dtype.size
             with tf.control_dependencies([done]):
                 updates = [self.clock.scatter_nd_max([[worker]], [step]),
@@ -119,7 +116,8 @@ class ShardServer:
     def _pull_function(self, wire):
         @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
         def pull(worker):
-            return self._by_worker(worker, lambda w: tuple(self._outbox[wire][w].dequeue()))
+            return protocol.by_worker(worker, self.num_workers,
+                                      lambda w: tuple(self._outbox[wire][w].dequeue()))
 
         return pull
 
