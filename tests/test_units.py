@@ -172,3 +172,7 @@ def test_stop_flags_are_exchanged_only_where_a_callback_may_decide_alone():
     assert schedule([MyEarlyStopping()]) == (True, False)  # a subclass: not trusted, epoch hooks
     assert schedule([StopAtBatch()]) == (True, True)
     assert schedule([StopAtBatch()], mode="test") == (True, False)
+    # Hooks given per instance count as Keras counts them.
+    by_lambda = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None)
+    assert schedule([by_lambda]) == (True, True)
+    assert schedule([keras.callbacks.LambdaCallback(on_epoch_end=print)]) == (True, False)

@@ -1,9 +1,9 @@
 """The asynchronous parameter server's step: pull, compute, push; no rank waits for another.
 
 `ParameterServerStrategy(mode="async")` uses `AsynchronousExtended` as its
-`strategy.extended`. Everything the data-parallel base does in step with the
-other ranks is replaced here, and nothing else in the strategies knows about
-it:
+`strategy.extended`. Every step-level point where the data-parallel base
+works in step with the other ranks is replaced here (the Keras patches still
+add the async callbacks and route the optimizer's `apply` to `push_gradients`):
 
 * a train step pulls the parameters from the servers, runs Keras' step on
   this worker's slice, and pushes its gradients, weighted by 1 / P, which the

@@ -24,7 +24,8 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
   the `SingleProcessCommunicator` and `SingleProcessAggregator` (identities):
   the same code, nothing added to the step.
 
-Subclasses only choose the aggregation hook (`make_aggregator`).
+Subclasses choose the aggregation hook (`make_aggregator`); the asynchronous
+parameter server also its own step (`extended_class`, `asynchronous`).
 """
 
 import contextlib

@@ -136,6 +136,10 @@ def _keras_changes():
             and isinstance(vars(keras.callbacks.TensorBoard)["_train_writer"], property)
             and {"_should_trace", "_start_batch", "_stop_batch"}
             <= _names_used(keras.callbacks.TensorBoard._init_profile_batch)),
+        "Callback's default hooks are marked _is_default (loop_flags)": lambda: all(
+            getattr(getattr(keras.callbacks.Callback, hook), "_is_default", False)
+            for hook in ("on_train_batch_end", "on_test_batch_end", "on_predict_batch_end",
+                         "on_train_batch_begin", "on_batch_end")),
         # The callbacks layer: one `params` dict per fit, shared by all its callbacks
         # (`callbacks.learning_rate_control` finds the terms of one fit by it).
         "CallbackList.set_params hands every callback the same params dict": _params_shared,

@@ -24,10 +24,11 @@ The schedule is itself agreed at the loop's start (`on_train_begin`,
 callback lists differ (a logger added on the chief only) still exchange at
 the same points.
 
-Cost: one tiny all-reduce per fit/evaluate/predict in a multi-process job;
-then none per batch unless a callback that may decide alone has batch hooks
-(one all-reduce and a host sync per batch), plus two per epoch when such a
-callback exists.
+Cost in a multi-process job: one tiny all-reduce (the schedule) per fit,
+per validation pass and per evaluate/predict; then none per batch unless a
+callback that may decide alone has batch hooks (one all-reduce and a host
+sync per batch), plus one at the start of training and two per epoch when
+such a callback exists.
 """
 
 import keras
@@ -43,7 +44,9 @@ _BATCH_HOOKS = {
 
 
 def _implements(callback, hook):
-    return getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+    """True unless `hook` is `Callback`'s default (Keras marks those `_is_default`); a hook set
+    on the instance counts (`LambdaCallback`), as Keras' own dispatch decides."""
+    return not getattr(getattr(callback, hook, None), "_is_default", False)
 
 
 def local_schedule(callback_list, mode):
