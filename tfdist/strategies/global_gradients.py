@@ -102,23 +102,18 @@ class GlobalGradients:
             weight = step.gradient_weight(weighted_in_loss)
             result = list(gradients)
             if self.compresses:
-                summed = self._compressed_sum([_weighted(gradients[p], weight) for p in dense],
-                                              [variables[p] for p in dense])
-                slots.update({position: value for position, value in zip(dense, summed)})
+                summed = self.all_reduce([_weighted(gradients[p], weight) for p in dense],
+                                         self.compression, [variables[p] for p in dense])
+            else:
+                summed = [total.result(slots[p]) for p in dense]
+            for position, value in zip(dense, summed):
+                result[position] = value
             for position, gradient in enumerate(gradients):
-                if position in slots:
-                    result[position] = (slots[position] if self.compresses
-                                        else total.result(slots[position]))
-                elif isinstance(gradient, tf.IndexedSlices):
+                if isinstance(gradient, tf.IndexedSlices):
                     result[position] = self.gather_slices(gradient, step, weight)
             return result
 
         return finish
-
-    def _compressed_sum(self, tensors, variables):
-        if not tensors:
-            return []
-        return self.all_reduce(tensors, self.compression, variables)
 
     def all_reduce(self, values, compression, variables=None, kind=GRADIENTS,
                    reduce_op=_tf.ReduceOp.SUM):

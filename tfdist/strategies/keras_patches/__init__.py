@@ -33,7 +33,8 @@ when a tfdist learning-rate callback is created); importing tfdist patches
 nothing. Both are idempotent.
 """
 
-from tfdist.strategies.keras_patches import (callbacks, compat, data, loop_flags, losses, metrics,
+from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
+from tfdist.strategies.keras_patches import (callbacks, data, loop_flags, losses, metrics,
                                              optimizer, saving)
 
 _installed = False
@@ -44,7 +45,6 @@ def install():
     global _installed
     if _installed:
         return
-    _installed = True
-    compat.check_keras()
+    _installed = True  # `compat` checked this Keras when it was imported, above
     for family in (losses, data, optimizer, metrics, loop_flags, callbacks, saving):
         family.install()
