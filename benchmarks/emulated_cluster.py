@@ -16,13 +16,14 @@ predicts every emulated cell (`benchmarks.emulated_analysis`).
     python -m benchmarks.emulated_cluster    # re-analyse the rows already measured (no root)
 
 Bandwidths are chosen so that the links, not this machine's 2 cores, are the
-bottleneck. A first run at 100 and 250 Mbit/s (`emulated_cluster_100_250mbit.json`)
-had the ring within 3-22% of its bound 2 (P - 1) / P n / B at 100 Mbit/s for
-every P, but 1.6-2.8 times the bound at 250 Mbit/s from P = 6 on: P processes,
-their servers and the kernel's bridging and shaping of ~30 MB/s per link are
-more than 2 cores can carry (on loopback alone the ring on TF collectives needs
-79 ms for 4 MiB at P = 8). Hence 100 and 50 Mbit/s, with payloads that take the
-same wire time at both (1 and 4 MiB; 512 KiB and 2 MiB), 5 timed rounds each.
+bottleneck. A first run at 100 and 250 Mbit/s
+(`experiments/results/emulated_cluster_100_250mbit.json`) had the ring within
+3-22% of its bound 2 (P - 1) / P n / B at 100 Mbit/s for every P, but 1.6-2.8
+times the bound at 250 Mbit/s from P = 6 on: P processes, their servers and the
+kernel's bridging and shaping of ~30 MB/s per link are more than 2 cores can
+carry (on loopback alone the ring on TF collectives needs 79 ms for 4 MiB at
+P = 8). Hence 100 and 50 Mbit/s, with payloads that take the same wire time at
+both (1 and 4 MiB; 512 KiB and 2 MiB), 5 timed rounds each.
 """
 
 import json

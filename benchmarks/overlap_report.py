@@ -22,6 +22,7 @@ import sys
 
 from benchmarks.harness import HERE, launch, write_result
 from benchmarks.plotting import pyplot, save
+from tfdist.profiling.names import OVERLAP_FILE
 
 ROUNDS = 2
 MIB = 1 << 20
@@ -62,7 +63,7 @@ def _hidden_share(tmp, strategy, buckets):
     """Share of communication hidden behind computation in a profiled run (both ranks)."""
     log_dir = os.path.join(tmp, f"profile_{strategy}_{buckets}")
     _distributed(tmp, strategy, buckets, flags=["--profile", log_dir])
-    with open(os.path.join(log_dir, "tfdist_overlap.json")) as f:
+    with open(os.path.join(log_dir, OVERLAP_FILE)) as f:
         ranks = json.load(f)["ranks"]
     totals = [rank["total"] for rank in ranks.values()]
     return {"hidden_share": sum(t["hidden_ms"] for t in totals) / sum(t["comm_ms"] for t in totals),

@@ -57,7 +57,7 @@ class HostTime:
     def __init__(self):
         self.seconds = 0.0
         try:
-            from tfdist.strategies.profiling import TensorBoardScalars
+            from tfdist.profiling.report import TensorBoardScalars
         except ImportError:
             return
         write = TensorBoardScalars._write  # pylint: disable=protected-access

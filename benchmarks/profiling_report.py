@@ -27,6 +27,7 @@ import subprocess
 import sys
 
 from benchmarks.harness import HERE, REPO, RESULTS, write_result
+from tfdist.profiling.names import FIGURE_FILE, OVERLAP_FILE, TIMELINE_FILE
 
 BASELINE_COMMIT = "c8c161e"  # the last commit before profiling
 ROUNDS = 6
@@ -118,12 +119,12 @@ def run_timelines(tmp):
                    os.path.join(REPO, "examples", "digits.py"), "--strategy", strategy,
                    "--epochs", "2", "--tensorboard", os.path.join(tmp, f"tensorboard_{strategy}")]
         subprocess.run(command, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
-        with open(os.path.join(log_dir, "tfdist_overlap.json")) as f:
+        with open(os.path.join(log_dir, OVERLAP_FILE)) as f:
             overlap = json.load(f)
-        shutil.copy(os.path.join(log_dir, "tfdist_overlap.png"),
+        shutil.copy(os.path.join(log_dir, FIGURE_FILE),
                     os.path.join(RESULTS, f"overlap_{strategy}.png"))
         if strategy == "ring":
-            shutil.copy(os.path.join(log_dir, "tfdist_timeline.json"),
+            shutil.copy(os.path.join(log_dir, TIMELINE_FILE),
                         os.path.join(RESULTS, "timeline_ring.json"))
         steps = [s for numbers in overlap["ranks"].values() for s in numbers["steps"]]
         strategies[strategy] = {
@@ -140,7 +141,7 @@ def run_timelines(tmp):
               "strategies": strategies,
               "description": "digits demo job, 2 processes, training batches 30-34 profiled on "
                              "every rank by tfdist-run --profile and merged by "
-                             "tfdist.launch.timeline, with a TensorBoard callback (so tfdist's "
+                             "tfdist.profiling.timeline, with a TensorBoard callback (so tfdist's "
                              "communication counters are in the step); hidden_share: share of "
                              "communication time during which computation also ran (mean over "
                              "ranks); counters_share_of_step: time of the counters' own ops "

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.aggregation.base import GRADIENTS, STATE
+from tfdist.aggregation.base import EXACT, GRADIENT, ROWS
+from tfdist.aggregation.compression import Compressor, with_compression
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.aggregation.tree import ReductionTreeAggregator
 from tfdist.comm.simulated import SimulationError, as_numpy, simulate
@@ -49,7 +50,7 @@ def test_every_rank_gets_the_exact_sum(algorithm, world_size):
     def run(comm):
         aggregator = ALGORITHMS[algorithm](comm)
         tensors = [tf.constant(t) for t in rank_tensors(comm.rank)]
-        return aggregator.all_reduce(tensors, variables=None, kind=GRADIENTS)
+        return aggregator.all_reduce(tensors, variables=None, roles=GRADIENT)
 
     results = as_numpy(simulate(world_size, run))
     for rank, result in enumerate(results):
@@ -68,8 +69,8 @@ def test_mixed_dtypes_and_consecutive_calls_keep_their_order(algorithm):
         aggregator = ALGORITHMS[algorithm](comm)
         first = aggregator.all_reduce(
             [tf.constant([1.5, 2.0]), tf.constant([comm.rank], tf.int64),
-             tf.constant(np.full((3, 3), comm.rank + 0.25))], kind=STATE)
-        second = aggregator.all_reduce([tf.fill([5], float(comm.rank))], kind=STATE)
+             tf.constant(np.full((3, 3), comm.rank + 0.25))], roles=EXACT)
+        second = aggregator.all_reduce([tf.fill([5], float(comm.rank))], roles=EXACT)
         return first + second
 
     for result in as_numpy(simulate(4, run)):
@@ -95,6 +96,17 @@ def test_simulated_collectives_match_their_contract():
         assert names == ["rank-0", "rank-1", "rank-2"]
 
 
+def test_all_gather_equal_stacks_every_ranks_tensor_without_padding():
+    def run(comm):
+        return comm.all_gather_equal(tf.fill([2], comm.rank))
+
+    for gathered in simulate(3, run):
+        assert gathered.numpy().tolist() == [[0, 0], [1, 1], [2, 2]]
+    with pytest.raises(SimulationError, match="all_gather_equal needs a tensor of fully known"):
+        simulate(1, lambda comm: tf.function(comm.all_gather_equal).get_concrete_function(
+            tf.TensorSpec([None], tf.float32)))
+
+
 def test_a_failing_rank_ends_the_others_waits_with_its_name():
     def run(comm):
         if comm.rank == 1:
@@ -113,3 +125,69 @@ def test_ranks_out_of_step_fail_instead_of_hanging():
 
     with pytest.raises(SimulationError, match="rank 0: all_reduce 0 waited more than"):
         simulate(2, run, timeout=1)
+
+
+class SplitExchangeCompressor(Compressor):
+    """Sums its gradients exactly, in two exchanges (as a low-rank scheme sends two factors);
+    records what it was given, to show that only gradients reach a compressor."""
+
+    name = "split-exchange"
+
+    def __init__(self):
+        self.seen = []
+
+    def reduce(self, gradients, variables, exchange):
+        self.seen.append([tuple(g.shape) for g in gradients])
+        half = len(gradients) // 2
+        return exchange(gradients[:half]) + exchange(gradients[half:])
+
+
+COMPRESSED = {
+    "fp16_ring": (lambda: "fp16", ALGORITHMS["ring"]),
+    "fp16_tree": (lambda: "fp16", ALGORITHMS["tree_fanout2"]),
+    "split_exchange_ring": (SplitExchangeCompressor, ALGORITHMS["ring_one_bucket"]),
+    "split_exchange_tree": (SplitExchangeCompressor, ALGORITHMS["tree_fanout3"]),
+}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", sorted(COMPRESSED))
+def test_a_compressor_sees_only_gradients_and_state_stays_exact(name, world_size):
+    """Roles per tensor: gradients through the compressor, exact state and row counts exact
+    (values float16 cannot hold), every rank with the same bits."""
+    make_compressor, make_algorithm = COMPRESSED[name]
+    compressors = {}
+
+    def run(comm):
+        compressors[comm.rank] = compressor = make_compressor()
+        aggregator = with_compression(make_algorithm(comm), compressor)
+        gradients = [tf.constant(t) for t in rank_tensors(comm.rank)]
+        state = [tf.constant([1.0 + 2.0 ** -20, 70000.0 + comm.rank]),
+                 tf.constant([comm.rank + 1], tf.int64)]
+        rows = [tf.constant([3.0 + comm.rank])]
+        tensors = gradients[:3] + state + gradients[3:] + rows
+        roles = [GRADIENT] * 3 + [EXACT] * 2 + [GRADIENT] * (len(SHAPES) - 3) + [ROWS]
+        return aggregator.all_reduce(tensors, roles=roles)
+
+    results = as_numpy(simulate(world_size, run))
+    lossy = name.startswith("fp16")
+    for rank, result in enumerate(results):
+        gradients = result[:3] + result[5:-1]
+        for got, want in zip(gradients, exact_sums(world_size)):
+            np.testing.assert_allclose(got, want, rtol=5e-3 if lossy else 1e-5,
+                                       atol=1e-2 if lossy else 1e-5)
+        np.testing.assert_array_equal(
+            result[3], np.float32([world_size * (1.0 + 2.0 ** -20),
+                                   world_size * 70000.0 + sum(range(world_size))]))
+        assert result[4].tolist() == [sum(range(1, world_size + 1))]
+        np.testing.assert_array_equal(result[-1], [3.0 * world_size + sum(range(world_size))])
+        for got, same in zip(result, results[0]):
+            np.testing.assert_array_equal(got, same)
+    if not lossy:
+        for compressor in compressors.values():  # the gradients only, in every bucket
+            assert sorted(sum(compressor.seen, [])) == sorted(SHAPES)
+
+
+def test_an_unknown_compressor_object_is_a_clear_error():
+    with pytest.raises(SimulationError, match="must be a name or a .*Compressor"):
+        simulate(1, lambda comm: with_compression(ALGORITHMS["ring"](comm), object()))

@@ -84,6 +84,13 @@ def test_fp16_compression_halves_the_bytes_on_the_wire(tmp_path, backend):
     assert result["fp16"]["max_abs_error"] <= 2e-3  # inputs in [0, 1), sums < 2: fp16 ulp
 
 
+@pytest.mark.parametrize("backend", ["horovod", "collective"])
+def test_collectives_keep_their_contract_on_both_engines(backend):
+    done = horovod_tfdist_run(3, [script("collectives_contract.py"), backend], timeout=300)
+    assert done.returncode == 0, failure_report(done)
+    assert "collectives contract ok" in done.stdout
+
+
 def test_dead_rank_under_horovodrun_fails_the_job(tmp_path):
     done = horovodrun(3, [script("failure_modes.py"), "crash", "2"], timeout=120,
                       run_timeout=30)

@@ -20,10 +20,10 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from helpers import failure_report, horovodrun, script, tfdist_run
-from tfdist.aggregation.counters import CounterSnapshot, measurements
 from tfdist.comm.ports import pick_ports
-from tfdist.launch import timeline
-from tfdist.profile_request import parse_profile_steps
+from tfdist.profiling import names, timeline
+from tfdist.profiling.counters import CounterSnapshot, measurements
+from tfdist.profiling.names import parse_profile_steps
 
 TOLERANCE = 1e-4
 UPDATE_FREQ = 4
@@ -319,3 +319,17 @@ def test_profile_steps_are_validated():
     for bad in ("0:3", "5:2", "a:b", "1:2:3", ""):
         with pytest.raises(ValueError, match="Got"):
             parse_profile_steps(bad)
+
+
+def test_the_names_producers_build_are_the_names_the_timeline_reads():
+    bucket = names.bucket_scope("ring", "gradients", 1)
+    assert bucket == "tfdist/ring/gradients_1/"  # what the trace viewer and users see
+    assert names.phase_of(f"replica/{bucket}CollectiveReduceV2") == "tfdist/ring/gradients_1"
+    assert names.phase_of(names.communication_scope("ps_async", "push") + "Send") == (
+        "tfdist/ps_async/push")
+    counter_op = names.COUNTERS_SCOPE + "Timestamp"
+    assert names.is_counter_op(counter_op) and names.phase_of(counter_op) is None
+    assert names.phase_of("sequential/dense/MatMul") is None
+    assert names.rank_of_run(names.rank_run_dir("logs", 3)) == 3
+    assert names.rank_of_run("logs/train") is None
+    assert names.scalar_tag("ps/wait_ms") == "tfdist/ps/wait_ms"

@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdist.aggregation.base import EXACT, GRADIENT, ROWS
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.simulated import simulate
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.replica_step import ReplicaStep
+from tfdist.strategies.step_plan import (DEFERRED, IMMEDIATE, LOCAL, REMOTE, StepPlan,
+                                         plan_step)
 from tfdist.strategies.step_sum import StepSum
 
 # Rows per rank for each world size: uneven, with empty slices (more ranks than rows).
@@ -53,9 +56,9 @@ def test_step_sum_weights_by_each_slices_share_in_one_all_reduce(split):
         summed = total.add_sum(step.counted_if_rows(tf.constant(rank_value(rank + 10))))
         counted = total.add_sum(step.counted_if_rows(tf.constant([rank + 1], tf.int64)))
 
-        def counting_all_reduce(tensors, variables, kind):
-            calls.append(kind)
-            return aggregator.all_reduce(tensors, variables, kind)
+        def counting_all_reduce(tensors, variables, roles):
+            calls.append(roles)
+            return aggregator.all_reduce(tensors, variables, roles)
 
         total.run(counting_all_reduce)
         return [total.result(weighted), total.result(summed), total.result(counted),
@@ -71,7 +74,11 @@ def test_step_sum_weights_by_each_slices_share_in_one_all_reduce(split):
         assert float(rows) == sum(split)
         np.testing.assert_allclose(float(share), shares(split)[rank], rtol=1e-7)
     # One collective per rank: n travelled with the values.
-    assert calls == ["gradients"] * len(split)
+    # One all-reduce per rank, each tensor with its role: the gradient, two exact sums and,
+    # when the share waits for it, the row count.
+    assert len(calls) == len(split)
+    for roles in calls:
+        assert roles[:3] == [GRADIENT, EXACT, EXACT] and roles[3:] in ([], [ROWS])
 
 
 def test_half_precision_values_take_the_share_before_the_sum():
@@ -119,7 +126,7 @@ def test_a_loss_term_reweighted_for_its_global_denominator_equals_one_process(sp
 def test_a_users_own_loop_sums_its_gradients_unweighted():
     """`scaled_by_user` (strategy.run of the user's function): weight 1, empty slices included."""
     def fn(step, aggregator, rank):
-        step.scaled_by_user = True
+        step.plan = StepPlan(IMMEDIATE, scaled_by_user=True)
         weight = step.gradient_weight(weighted_in_loss=False)(tf.float32)
         return aggregator.all_reduce([tf.constant(rank_value(rank)) * weight])[0]
 
@@ -164,15 +171,16 @@ def test_local_state_becomes_what_one_process_holds(split):
 def test_global_gradients_are_what_one_process_computes(split, compression):
     """Dense gradients share-weighted (fused, or compressed after weighting), sparse slices
     of indices every rank shares summed once, None kept - the one gradient path."""
-    from tfdist.aggregation.compression import get_compression  # pylint: disable=C0415
-    from tfdist.aggregation.counters import CommunicationCounters  # pylint: disable=C0415
+    from tfdist.aggregation.compression import with_compression  # pylint: disable=C0415
+    from tfdist.profiling.counters import CommunicationCounters  # pylint: disable=C0415
     from tfdist.strategies import replica_step  # pylint: disable=C0415
     from tfdist.strategies.global_gradients import GlobalGradients  # pylint: disable=C0415
 
     def fn(step, aggregator, rank):
         comm = aggregator.communicator
-        gradients = GlobalGradients(aggregator, comm, get_compression(compression),
-                                    CommunicationCounters(rank, comm.world_size))
+        aggregator = with_compression(aggregator, compression)
+        step = ReplicaStep(step.local_rows, sum_over_ranks=aggregator.all_reduce)
+        gradients = GlobalGradients(aggregator, comm, CommunicationCounters(rank, comm.world_size))
         sparse = tf.IndexedSlices(tf.constant(rank_value(rank, shape=(2, 3))),
                                   tf.constant([4, 1]), tf.constant([6, 3]))
         with replica_step.active(step):
@@ -189,3 +197,27 @@ def test_global_gradients_are_what_one_process_computes(split, compression):
         assert none is None
         assert slices.indices.numpy().tolist() == [4, 1]  # each shared index once
         np.testing.assert_allclose(slices.values, want_sparse, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("call, want", [
+    # (one process, Keras' train_step, a train step, a user's function, asynchronous)
+    ((True, True, True, False, False), StepPlan(LOCAL, training=True)),
+    ((True, False, False, True, False), StepPlan(LOCAL)),  # a custom loop on one process
+    ((False, True, True, False, False), StepPlan(DEFERRED, training=True)),
+    ((False, False, True, False, False), StepPlan(IMMEDIATE, training=True)),  # custom step
+    ((False, False, False, False, False), StepPlan(IMMEDIATE)),  # test/predict step
+    ((False, False, False, True, False), StepPlan(IMMEDIATE, scaled_by_user=True)),
+    ((False, True, True, False, True), StepPlan(REMOTE, training=True)),
+    ((False, False, False, False, True), StepPlan(LOCAL)),  # async evaluate: whole batches
+])
+def test_every_step_is_planned_once_as_one_of_four_kinds(call, want):
+    names = ("one_process", "is_keras_train_step", "is_train_step", "is_user_function",
+             "asynchronous")
+    assert plan_step(**dict(zip(names, call))) == want
+
+
+def test_an_impossible_plan_is_refused():
+    with pytest.raises(ValueError, match="updates must be one of"):
+        StepPlan("fused")
+    with pytest.raises(ValueError, match="not Keras' own train_step"):
+        StepPlan(DEFERRED, scaled_by_user=True)

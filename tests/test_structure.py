@@ -9,26 +9,40 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 
-# Lowest first. A module may import from its own layer and the layers below it.
+# Lowest first. A module may import from its own layer and the layers below it. A module's
+# layer is that of the longest prefix naming it, so a package may span layers (profiling:
+# its TF-free names at the bottom, each other module beside the layer that uses it).
 LAYERS = [
-    ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes",
-     "tfdist.profile_request"),
+    ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
+     "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
-    ("tfdist.aggregation",),
+    ("tfdist.aggregation", "tfdist.profiling.counters"),
     ("tfdist.runtime",),
-    ("tfdist.strategies", "tfdist.optimizers"),
+    ("tfdist.strategies", "tfdist.optimizers", "tfdist.profiling.report",
+     "tfdist.profiling.rank_profiler"),
     ("tfdist.callbacks",),
-    ("tfdist.launch", "tfdist.server"),
+    ("tfdist.launch", "tfdist.server", "tfdist.profiling.timeline"),
 ]
+
+# Modules that must import without TensorFlow (the launcher and the timeline's parsing use them).
+TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.profiling", "tfdist.profiling.names",
+                   "tfdist.profiling.timeline", "tfdist.launch.cli")
 
 
 def _layer(module):
-    for level, prefixes in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return level
     if module == "tfdist":
         return -1  # the package's lazy __init__ (it imports nothing of tfdist)
-    raise AssertionError(f"{module} is in no layer of LAYERS: add it there")
+    named = [(len(p), level) for level, prefixes in enumerate(LAYERS) for p in prefixes
+             if module == p or module.startswith(p + ".")]
+    if not named:
+        raise AssertionError(f"{module} is in no layer of LAYERS: add it there")
+    return max(named)[1]
+
+
+def _is_module(name):
+    parts = name.split(".")[1:]
+    return (PACKAGE.joinpath(*parts).with_suffix(".py").is_file()
+            or PACKAGE.joinpath(*parts, "__init__.py").is_file())
 
 
 def _tfdist_imports(path):
@@ -38,11 +52,13 @@ def _tfdist_imports(path):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names if alias.name.startswith("tfdist"))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdist"):
-            if node.module == "tfdist":  # from tfdist import runtime, _tf, __version__
-                yield from (f"tfdist.{alias.name}" for alias in node.names
-                            if not alias.name.startswith("__"))
-            else:
-                yield node.module
+            # from tfdist import runtime, _tf / from tfdist.profiling import names: the modules
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                if _is_module(submodule):
+                    yield submodule
+                elif node.module != "tfdist":  # not tfdist.__version__
+                    yield node.module
 
 
 def _imported_modules(path, modules):
@@ -129,3 +145,14 @@ def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
                        r"tfdist patches: BaseOptimizer\.scale_loss\(loss\); "
                        r"GeneratorDataAdapter\.get_tf_dataset"):
         compat.check_keras()
+
+
+@pytest.mark.parametrize("module", TENSORFLOW_FREE)
+def test_light_modules_import_without_tensorflow(module):
+    code = (f"import sys, {module}\n"
+            "heavy = sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)\n"
+            "assert not heavy, heavy\n"
+            "print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

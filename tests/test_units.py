@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.aggregation.compression import FP16Compression, get_compression
+from tfdist.aggregation.compression import FP16Compression, get_compressor
 from tfdist.aggregation.fusion import FusionPlan, reverse_order_buckets
 from tfdist.strategies.sharding import shard_global_batch
 
@@ -67,23 +67,29 @@ def test_any_global_batch_splits_into_contiguous_slices_even_empty_ones():
     assert slices[2] == [[6, 7, 8, 9], [11]]
 
 
-def test_fp16_compression_halves_floats_and_restores_their_dtype():
-    compression = FP16Compression()
+def test_fp16_compression_sends_floats_as_half_and_restores_their_dtype():
+    sent = []
+
+    def exchange(wire):  # one process: the sum over ranks is the tensor itself
+        sent.extend(wire)
+        return wire
+
     value = tf.constant([1.0, 2.5, -3.0], tf.float32)
-    wire, context = compression.compress(value)
-    assert wire.dtype == tf.float16 and context == tf.float32
-    restored = compression.decompress(wire, context)
+    counts = tf.constant([3, 4], tf.int64)
+    restored, same_counts = FP16Compression().reduce([value, counts], [None, None], exchange)
+    assert [t.dtype for t in sent] == [tf.float16, tf.int64]
     assert restored.dtype == tf.float32
     np.testing.assert_array_equal(restored.numpy(), value.numpy())
-    counts = tf.constant([3, 4], tf.int64)
-    wire, context = compression.compress(counts)
-    assert wire is counts and context is None
+    assert same_counts is counts
+    assert FP16Compression().wire_ratio(tf.float32) == 0.5
 
 
 def test_unknown_compression_is_a_clear_error():
     with pytest.raises(ValueError, match="compression must be one of.*Got: 'int8'"):
-        get_compression("int8")
-    assert get_compression(None).name == "none"
+        get_compressor("int8")
+    with pytest.raises(ValueError, match="must be a name or a .*Compressor. Got: 3"):
+        get_compressor(3)
+    assert get_compressor(None) is None and get_compressor("none") is None
 
 
 def test_a_dataset_of_single_examples_is_a_one_line_error():

@@ -19,9 +19,9 @@ the backward pass still computes the first layers'.
 
 Every bucket is reduced under the name scope `tfdist/<algorithm>/<kind>_<index>`
 (so its ops show by that name in the profiler's trace viewer and in the
-merged timeline, `tfdist.launch.timeline`) and, while a training step is
-traced with communication counters enabled, timed by them
-(`tfdist.aggregation.counters`).
+merged timeline, `tfdist.profiling.timeline`; the names are built in
+`tfdist.profiling.names`) and, while a training step is traced with
+communication counters enabled, timed by them (`tfdist.profiling.counters`).
 
 Docstrings of implementations state the algorithm, the cost model (alpha:
 per-message latency in seconds, beta: seconds per byte, n: bytes each
@@ -36,9 +36,18 @@ import tensorflow as tf
 
 from tfdist.aggregation.fusion import reverse_order_buckets
 from tfdist.comm.trace_counter import TraceStableCounter
+from tfdist.profiling.names import bucket_scope
 
+# What a tensor of a bucket is (`Bucket.roles`): a hook that changes values (lossy
+# compression) may only ever change a GRADIENT; everything else must be summed exactly.
+GRADIENT = "gradient"  # a gradient, weighted by its rank's share of the global batch
+EXACT = "exact"  # metric state, layer statistics, raw logs, counters, stop flags
+ROWS = "rows"  # a rank's row count, from which every share weight is computed
+ROLES = (GRADIENT, EXACT, ROWS)
+
+# A bucket's kind, in its name scope: GRADIENTS if it holds a gradient.
 GRADIENTS = "gradients"
-STATE = "state"  # metric state, layer statistics, row counts, stop flags
+STATE = "state"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +62,18 @@ class Bucket:
         tensors: the tensors to sum, each of static shape.
         variables: for each tensor, the variable it is the gradient of, or
             None (state that is not a gradient).
-        kind: `GRADIENTS` or `STATE`.
+        roles: for each tensor, what it is: `GRADIENT`, `EXACT` or `ROWS`.
     """
 
     index: int
     tensors: tuple
     variables: tuple
-    kind: str = STATE
+    roles: tuple
+
+    @property
+    def kind(self):
+        """`GRADIENTS` if the bucket holds a gradient, else `STATE` (its name scope says so)."""
+        return GRADIENTS if GRADIENT in self.roles else STATE
 
     @property
     def num_bytes(self):
@@ -113,6 +127,11 @@ class Aggregator(abc.ABC):
     Subclasses set `name`, implement `reduce_bucket` and `predict_seconds`.
     `communicates` is False only for the single-process identity: then
     nothing goes on a wire, and gradient compression does not apply.
+    `weights_gradients_first` is True for a hook that must see each rank's
+    gradient weighted by its share of the global batch (a compressor); by
+    default the share weights are applied after the sum (`step_sum`).
+    `variables` is the hook's state across steps (tf.Variables): saved and
+    restored with the model and equal on every rank.
     """
 
     name = "abstract"
@@ -122,30 +141,41 @@ class Aggregator(abc.ABC):
     # bytes; None: one bucket per call.
     bucket_bytes = None
     first_bucket_bytes = None
+    weights_gradients_first = False
 
     def __init__(self):
         self._bucket_numbers = TraceStableCounter(span=64)
         # The process's `CommunicationCounters`, set by the strategy (None: not counted).
         self.counters = None
 
-    def all_reduce(self, tensors, variables=None, kind=STATE):
+    @property
+    def variables(self):
+        """The algorithm's state across steps (tf.Variables; none by default)."""
+        return []
+
+    def all_reduce(self, tensors, variables=None, roles=EXACT):
         """Sum `tensors` across ranks: one new bucket per group of `bucket_positions`.
 
         Args:
             tensors: list of tensors (a gradient of a less known static shape
                 than its variable's gets the variable's, `with_static_shape`).
             variables: the variable of each tensor (None: not gradients).
-            kind: `GRADIENTS` or `STATE`.
+            roles: the role of each tensor (`ROLES`), or one role for all.
         """
         if not tensors:
             return []
         variables = tuple(variables) if variables is not None else (None,) * len(tensors)
+        roles = (roles,) * len(tensors) if isinstance(roles, str) else tuple(roles)
+        unknown = set(roles) - set(ROLES)
+        if unknown or len(roles) != len(tensors):
+            raise ValueError(f"roles must give one of {ROLES} per tensor. Got: {roles!r}")
         tensors = [with_static_shape(t, v) for t, v in zip(tensors, variables)]
         results = [None] * len(tensors)
         for positions in self.bucket_positions(tensors):
             index = self._bucket_numbers.take()
             bucket = Bucket(index, tuple(tensors[p] for p in positions),
-                            tuple(variables[p] for p in positions), kind)
+                            tuple(variables[p] for p in positions),
+                            tuple(roles[p] for p in positions))
             for position, total in zip(positions, self._reduce_named(bucket)):
                 results[position] = total
         return results
@@ -175,7 +205,7 @@ class Aggregator(abc.ABC):
 
     def scope_name(self, bucket):
         """The absolute name scope of `bucket`'s ops: `tfdist/<algorithm>/<kind>_<index>/`."""
-        return f"tfdist/{self.name}/{bucket.kind}_{bucket.index}/"
+        return bucket_scope(self.name, bucket.kind, bucket.index)
 
     @abc.abstractmethod
     def reduce_bucket(self, bucket):

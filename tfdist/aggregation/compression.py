@@ -1,60 +1,212 @@
-"""Gradient compression on the wire: what an aggregator sends instead of the gradient.
+"""Gradient compression as an aggregation hook wrapping another: gradients compressed, state exact.
+
+`CompressedAggregator(inner, compressor)` is an `Aggregator`. Of every
+bucket it hands the `Compressor` only the tensors whose role is `GRADIENT`
+(`base.Bucket.roles`); exact state (metric state, layer statistics, raw
+logs, the profiling vector) and the row count `ROWS`, on which the share
+weights depend, are summed exactly. The compressor sums its gradients
+through `exchange(wire_tensors)` - a sum over ranks by the inner algorithm,
+counted at the bytes actually sent - as many times as its algorithm needs
+(fp16: once; a low-rank scheme: once per factor). The first exchange also
+carries the bucket's exact tensors, so a step still makes one collective
+call where the compressor makes one exchange.
+
+A compressor may keep state across steps (residuals for error feedback, a
+warm-started factor): its tf.Variables are `Compressor.variables`, which
+the wrapper reports as `Aggregator.variables`.
 
 `FP16Compression` casts floating-point gradients wider than 16 bits to
-float16 before aggregation and back to their dtype after, halving the bytes
-every algorithm moves (cost model: beta term x 1/2, plus two casts, memory
-traffic 3n/2 per tensor). Guarantee relative to the exact sum: each
-gradient is rounded to float16 (relative error <= 2^-11) and summed in
-float16, so the result differs from the float32 sum by about
-P * 2^-11 * max |g| and overflows past 65504; Keras' loss scaling by
-1 / num_replicas keeps summed gradients in range for ordinary losses.
-Non-float tensors pass unchanged. Used only for gradients (values reduced
-through `batch_reduce_to`), never for metric state.
+float16 before the exchange and back to their dtype after, halving the
+gradient bytes every algorithm moves (cost model: the inner algorithm's
+beta term for the gradient bytes x 1/2, plus two casts, memory traffic 3n/2
+per tensor). Guarantee relative to the exact sum: each gradient is rounded
+to float16 (relative error <= 2^-11) and summed in float16, so the result
+differs from the float32 sum by about P * 2^-11 * max |g| and overflows past
+65504. Gradients reach it weighted by their rank's share of the global
+batch (`Aggregator.weights_gradients_first`), so the summed values are the
+global gradient's, in range for ordinary losses. Non-float tensors pass
+unchanged.
 """
+
+import abc
 
 import tensorflow as tf
 
-
-class NoCompression:
-    """Send tensors as they are."""
-
-    name = "none"
-
-    def compress(self, tensor):
-        return tensor, None
-
-    def decompress(self, tensor, context):
-        del context
-        return tensor
+from tfdist.aggregation.base import GRADIENT, Aggregator, Bucket
+from tfdist.profiling.names import algorithm_scope
 
 
-class FP16Compression:
-    """Send floating-point tensors as float16 (half the bytes)."""
+class Compressor(abc.ABC):
+    """How gradients are summed across ranks through fewer bytes; see the module docstring.
+
+    Subclasses set `name` and implement `reduce`; a stateful one also
+    `variables`, and one that cannot run on every algorithm `check_supported`.
+    """
+
+    name = "abstract"
+
+    @property
+    def variables(self):
+        """The compressor's state across steps (tf.Variables; none by default)."""
+        return []
+
+    def check_supported(self, aggregator):
+        """Raise ValueError naming both if this compressor cannot run on `aggregator`."""
+        del aggregator
+
+    @abc.abstractmethod
+    def reduce(self, gradients, variables, exchange):
+        """The sums over ranks of `gradients` (same order, shapes and dtypes), every rank.
+
+        Args:
+            gradients: this rank's gradient tensors (static shapes), already
+                weighted by its share of the global batch.
+            variables: the variable of each gradient, or None where unknown.
+            exchange: list of tensors -> their element-wise sums over ranks
+                (the inner algorithm; callable several times).
+        """
+
+    def wire_ratio(self, dtype):
+        """Bytes sent per gradient byte of `dtype` (the cost model's beta factor; 1: none)."""
+        del dtype
+        return 1.0
+
+
+class FP16Compression(Compressor):
+    """Send floating-point gradients as float16 (half the bytes); see the module docstring."""
 
     name = "fp16"
 
-    def compress(self, tensor):
-        if tensor.dtype.is_floating and tensor.dtype.size > 2:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
+    @staticmethod
+    def _casts(tensor):
+        return tensor.dtype.is_floating and tensor.dtype.size > 2
 
-    def decompress(self, tensor, context):
-        return tensor if context is None else tf.cast(tensor, context)
+    def reduce(self, gradients, variables, exchange):
+        del variables
+        wire = [tf.cast(g, tf.float16) if self._casts(g) else g for g in gradients]
+        summed = exchange(wire)
+        return [tf.cast(s, g.dtype) if self._casts(g) else s for s, g in zip(summed, gradients)]
+
+    def wire_ratio(self, dtype):
+        return 2.0 / dtype.size if dtype.is_floating and dtype.size > 2 else 1.0
 
 
-COMPRESSIONS = {"none": NoCompression, "fp16": FP16Compression}
+COMPRESSORS = {"fp16": FP16Compression}
 
 
-def get_compression(compression):
-    """The compression for `compression` ("none", "fp16", None or an instance)."""
-    if compression is None:
-        return NoCompression()
+def get_compressor(compression):
+    """The `Compressor` for `compression` (a name of `COMPRESSORS`, an instance), or None
+    for None / "none"."""
+    if compression is None or compression == "none":
+        return None
     if isinstance(compression, str):
-        if compression not in COMPRESSIONS:
-            raise ValueError(
-                f"compression must be one of {sorted(COMPRESSIONS)} or None. Got: {compression!r}"
-            )
-        return COMPRESSIONS[compression]()
-    if hasattr(compression, "compress") and hasattr(compression, "decompress"):
+        if compression not in COMPRESSORS:
+            raise ValueError(f"compression must be one of {sorted(COMPRESSORS) + ['none']} "
+                             f"or None. Got: {compression!r}")
+        return COMPRESSORS[compression]()
+    if isinstance(compression, Compressor):
         return compression
-    raise ValueError(f"compression must be a name or have compress/decompress. Got: {compression!r}")
+    raise ValueError("compression must be a name or a tfdist.aggregation.compression.Compressor. "
+                     f"Got: {compression!r}")
+
+
+def with_compression(aggregator, compression):
+    """`aggregator`, wrapped in a `CompressedAggregator` when `compression` names a compressor
+    and something goes on a wire (one process sends nothing: nothing to compress)."""
+    compressor = get_compressor(compression)
+    if compressor is None or not aggregator.communicates:
+        return aggregator
+    return CompressedAggregator(aggregator, compressor)
+
+
+class CompressedAggregator(Aggregator):
+    """`inner`, with the gradients of every bucket summed by `compressor` (module docstring).
+
+    Buckets, names and the cost model are the inner algorithm's, with the
+    gradient bytes scaled by the compressor's `wire_ratio`; so are the
+    algorithm's own attributes (a parameter server's `server_stats`).
+    """
+
+    weights_gradients_first = True  # a compressor sees the global gradient's values
+
+    def __init__(self, inner, compressor):
+        super().__init__()
+        compressor.check_supported(inner)
+        self.inner = inner
+        self.compressor = compressor
+        self.name = inner.name
+        self.num_servers = inner.num_servers
+        self.bucket_bytes = inner.bucket_bytes
+        self.first_bucket_bytes = inner.first_bucket_bytes
+
+    @property
+    def compression_name(self):
+        return self.compressor.name
+
+    @property
+    def variables(self):
+        return list(self.compressor.variables)
+
+    @property
+    def counters(self):
+        return self.inner.counters
+
+    @counters.setter
+    def counters(self, counters):
+        # Only the inner algorithm's exchanges are timed: they carry the wire bytes.
+        if hasattr(self, "inner"):
+            self.inner.counters = counters
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (during __init__)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _reduce_named(self, bucket):
+        gradients = [p for p, role in enumerate(bucket.roles) if role == GRADIENT]
+        exact = [p for p, role in enumerate(bucket.roles) if role != GRADIENT]
+        if not gradients:
+            return self.inner._reduce_named(bucket)  # pylint: disable=protected-access
+        results = [None] * len(bucket.tensors)
+        rounds = []
+
+        def exchange(wire):
+            # The first exchange is the bucket (its index, its exact tensors carried along);
+            # a further one is a bucket of its own.
+            first = not rounds
+            rounds.append(len(wire))
+            carried = exact if first else []
+            wire_bucket = Bucket(
+                bucket.index if first else self._bucket_numbers.take(),
+                tuple(bucket.tensors[p] for p in carried) + tuple(wire),
+                tuple(bucket.variables[p] for p in carried) + (None,) * len(wire),
+                tuple(bucket.roles[p] for p in carried) + (GRADIENT,) * len(wire))
+            summed = self.inner._reduce_named(wire_bucket)  # pylint: disable=protected-access
+            for position, total in zip(carried, summed):
+                results[position] = total
+            return summed[len(carried):]
+
+        with tf.name_scope(algorithm_scope(self.compressor.name)):
+            summed_gradients = self.compressor.reduce(
+                [bucket.tensors[p] for p in gradients],
+                [bucket.variables[p] for p in gradients], exchange)
+        if not rounds and exact:  # the compressor made no exchange: the exact tensors still go
+            exchange([])
+        for position, total in zip(gradients, summed_gradients):
+            results[position] = total
+        return results
+
+    def reduce_bucket(self, bucket):
+        return self._reduce_named(bucket)
+
+    def predict_seconds(self, n_bytes, world_size, alpha, beta, **options):  # pylint: disable=W0221
+        """The inner algorithm's prediction for float32 gradients of `n_bytes`, sent as
+        `wire_ratio(float32)` of that."""
+        ratio = self.compressor.wire_ratio(tf.float32)
+        return self.inner.predict_seconds(n_bytes * ratio, world_size, alpha, beta, **options)
+
+    def sent_bytes(self, n_bytes):
+        return self.inner.sent_bytes(n_bytes)
+
+    def close(self):
+        self.inner.close()

@@ -2,8 +2,8 @@
 
 import keras
 
+from tfdist.profiling.report import CommunicationReport
 from tfdist.strategies.keras_patches import model_strategy
-from tfdist.strategies.profiling import CommunicationReport
 
 
 @model_strategy.agrees_across_ranks
@@ -13,7 +13,7 @@ class CommunicationMonitor(keras.callbacks.Callback):
     Every communication of the training step (the aggregation algorithm's
     buckets, gathered sparse gradients, parameter-server pulls and pushes,
     the stop-flag exchange) is timed inside the compiled step, with no host
-    sync per step (`tfdist.aggregation.counters`); this callback reads the
+    sync per step (`tfdist.profiling.counters`); this callback reads the
     counters at the end of every epoch (or every `update_freq` batches) and
     adds the means per step since its previous read:
 

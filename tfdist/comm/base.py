@@ -60,6 +60,16 @@ class Communicator(abc.ABC):
     def all_gather(self, tensor):
         """Every rank's `tensor` concatenated along axis 0, in rank order (rows may differ)."""
 
+    def all_gather_equal(self, tensor):
+        """Every rank's `tensor` stacked in rank order: shape [P] + its shape.
+
+        The tensor must have the same fully known static shape on every rank
+        (what top-k indices and packed sign bits have): nothing is padded and
+        no shapes are exchanged, one collective of P times its bytes.
+        """
+        tensor = checked_static_shape(tensor, "all_gather_equal")
+        return self.all_gather(tensor[None])
+
     def all_gather_strings(self, text, max_bytes=1024):
         """Every rank's string `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""
         data = text.encode()
@@ -127,3 +137,12 @@ class Communicator(abc.ABC):
     def close(self):
         """Release what the communicator holds (at the end of the process)."""
         self.stop_watching()
+
+
+def checked_static_shape(tensor, collective):
+    """`tensor` as a tensor, or a ValueError if its static shape is not fully known."""
+    tensor = tf.convert_to_tensor(tensor)
+    if not tensor.shape.is_fully_defined():
+        raise ValueError(f"{collective} needs a tensor of fully known static shape, the same on "
+                         f"every rank. Got shape {tensor.shape}")
+    return tensor

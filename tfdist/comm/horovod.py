@@ -19,7 +19,7 @@ Profiling: the TensorFlow profiler does not record Horovod's ops (they run
 on Horovod's threads), so a rank profiling its steps also starts Horovod's
 own timeline (`start_engine_timeline`): the coordinator, rank 0, writes
 every tensor's negotiation and execution to
-`HOROVOD_TIMELINE_FILE`, which `tfdist.launch.timeline` merges. Horovod
+`names.HOROVOD_TIMELINE_FILE`, which `tfdist.profiling.timeline` merges. Horovod
 allows that only with HOROVOD_TIMELINE=DYNAMIC set before it starts; tfdist
 sets it when `tfdist-run --profile` asked for profiles.
 """
@@ -30,11 +30,9 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist import _tf
-from tfdist import profile_request
 from tfdist.comm.base import Communicator
 from tfdist.errors import ClusterError
-
-HOROVOD_TIMELINE_FILE = "horovod_timeline.json"
+from tfdist.profiling import names
 
 _INSTALL_HINT = (
     "Horovod is not installed in this environment: `make install` builds it (it needs "
@@ -93,7 +91,7 @@ class HorovodCommunicator(Communicator):
                 # 0.45 ms and the digits step from 8.8 to 6.3-7.2 ms (2 processes, 2 CPUs).
                 "HOROVOD_CYCLE_TIME": DEFAULT_CYCLE_TIME_MS,
             }
-            if os.environ.get(profile_request.PROFILE_DIR_ENV):
+            if os.environ.get(names.PROFILE_DIR_ENV):
                 defaults["HOROVOD_TIMELINE"] = "DYNAMIC"  # started when the profile starts
             if fusion_threshold_bytes is not None:
                 os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_bytes))
@@ -128,9 +126,9 @@ class HorovodCommunicator(Communicator):
                 for t in tensors]
 
     def start_engine_timeline(self, directory):
-        """Horovod's timeline into `directory`/HOROVOD_TIMELINE_FILE (written by rank 0)."""
+        """Horovod's timeline into `directory`/`names.HOROVOD_TIMELINE_FILE` (rank 0 writes it)."""
         try:
-            self._hvd.start_timeline(os.path.join(directory, HOROVOD_TIMELINE_FILE))
+            self._hvd.start_timeline(os.path.join(directory, names.HOROVOD_TIMELINE_FILE))
         except ValueError as error:  # HOROVOD_TIMELINE=DYNAMIC was not set before hvd.init()
             logging.log_first_n(logging.WARNING, "tfdist: no Horovod timeline in the profile: %s",
                                 1, error)

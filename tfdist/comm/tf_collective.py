@@ -38,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist import _tf
-from tfdist.comm.base import Communicator
+from tfdist.comm.base import Communicator, checked_static_shape
 from tfdist.comm.liveness import PeerMonitor
 from tfdist.comm.ports import port_is_free
 from tfdist.comm.trace_counter import TraceStableCounter
@@ -74,6 +74,9 @@ def _waits_on_peers(method):
 
     return wrapper
 
+
+# What TensorFlow's all-gather kernel takes; other dtypes travel as int32 words.
+_GATHER_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 class CollectiveCommunicator(Communicator):
     """The `Communicator` on TensorFlow's collective ops, with point-to-point transfers.
@@ -256,6 +259,30 @@ class CollectiveCommunicator(Communicator):
             keep = tf.ragged.range(starts, starts + sizes).flat_values
             rows = tf.reduce_sum(shapes[:, 0])
             return tf.reshape(tf.gather(gathered, keep), tf.concat([[rows], shape[1:]], 0))
+
+    @_waits_on_peers
+    def all_gather_equal(self, tensor):
+        """Every rank's `tensor` (one static shape on all ranks) stacked: [P] + its shape;
+        one all-gather, no padding."""
+        tensor = checked_static_shape(tensor, "all_gather_equal")
+        with tf.device(self.device):
+            if tensor.dtype in _GATHER_DTYPES:
+                return self._gather_equal(tensor[None])
+            return self._gather_as_words(tensor)
+
+    def _gather_as_words(self, tensor):
+        """`all_gather_equal` of a dtype TensorFlow's all-gather lacks (bool, 8- and 16-bit):
+        its bytes packed into int32 words (bitcast, no widening), gathered, unpacked."""
+        as_bits = tf.cast(tensor, tf.uint8) if tensor.dtype == tf.bool else tensor
+        per_word = 4 // as_bits.dtype.size
+        elements = tensor.shape.num_elements()
+        flat = tf.reshape(as_bits, [-1])
+        flat = tf.pad(flat, [[0, -elements % per_word]])
+        words = tf.bitcast(tf.reshape(flat, [-1, per_word]), tf.int32)
+        gathered = tf.bitcast(self._gather_equal(words[None]), as_bits.dtype)  # [P, words, k]
+        values = tf.reshape(tf.reshape(gathered, [self.world_size, -1])[:, :elements],
+                            [self.world_size] + tensor.shape.as_list())
+        return tf.cast(values, tf.bool) if tensor.dtype == tf.bool else values
 
     def _gather_equal(self, tensor):
         return _tf.all_gather_v2(

@@ -15,7 +15,7 @@ terminated and the failing rank is named). TensorFlow's start-up notices
 and repeated copies of a warning are left out of the output unless
 `--verbose` (`tfdist.launch.output_filter`). `--profile DIR` profiles
 training batches A..B on every rank into `DIR/rank_<k>` and, when the job
-succeeded, merges them into one timeline (`tfdist.launch.timeline`).
+succeeded, merges them into one timeline (`tfdist.profiling.timeline`).
 """
 
 import argparse
@@ -24,10 +24,11 @@ import subprocess
 import sys
 
 from tfdist import cluster as cluster_lib
-from tfdist import profile_request
 from tfdist.comm import ports as ports_lib
 from tfdist.launch import gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
+from tfdist.profiling import names as profiling_names
+from tfdist.profiling import timeline
 
 HOST = "127.0.0.1"
 
@@ -74,17 +75,18 @@ def build_parser():
              "server); the job still exits with the failure's code (env TFDIST_KEEP_GOING=1)",
     )
     parser.add_argument(
-        "--profile", metavar="DIR", default=os.environ.get(profile_request.PROFILE_DIR_ENV),
+        "--profile", metavar="DIR", default=os.environ.get(profiling_names.PROFILE_DIR_ENV),
         help="profile every rank's training batches --profile-steps with TensorFlow's profiler "
              "into DIR/rank_<k> (runs of `tensorboard --logdir DIR`), then merge the ranks' "
-             "communication into DIR/tfdist_timeline.json and DIR/tfdist_overlap.json "
-             "(env TFDIST_PROFILE_DIR)")
+             f"communication into DIR/{profiling_names.TIMELINE_FILE} and "
+             f"DIR/{profiling_names.OVERLAP_FILE} (env {profiling_names.PROFILE_DIR_ENV})")
     parser.add_argument(
         "--profile-steps", metavar="A:B",
-        default=os.environ.get(profile_request.PROFILE_STEPS_ENV,
-                               profile_request.DEFAULT_PROFILE_STEPS),
+        default=os.environ.get(profiling_names.PROFILE_STEPS_ENV,
+                               profiling_names.DEFAULT_PROFILE_STEPS),
         help="training batches to profile, counted from 1 in each fit, inclusive "
-             f"(env TFDIST_PROFILE_STEPS, default {profile_request.DEFAULT_PROFILE_STEPS})")
+             f"(env {profiling_names.PROFILE_STEPS_ENV}, "
+             f"default {profiling_names.DEFAULT_PROFILE_STEPS})")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
 
@@ -101,7 +103,7 @@ def validate(args, parser):
     if not args.command:
         parser.error("no command given (e.g. tfdist-run -np 2 python train.py)")
     try:
-        profile_request.parse_profile_steps(args.profile_steps)
+        profiling_names.parse_profile_steps(args.profile_steps)
     except ValueError as error:
         parser.error(f"--profile-steps: {error}")
 
@@ -111,8 +113,8 @@ def job_environments(num_proc, num_servers, timeout, port_list, base_env):
     workers = [f"{HOST}:{p}" for p in port_list[:num_proc]]
     servers = [f"{HOST}:{p}" for p in port_list[num_proc:]]
     common = dict(base_env)
-    for stale in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE", profile_request.PROFILE_DIR_ENV,
-                  profile_request.PROFILE_STEPS_ENV):
+    for stale in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE", profiling_names.PROFILE_DIR_ENV,
+                  profiling_names.PROFILE_STEPS_ENV):
         common.pop(stale, None)
     common.update({
         cluster_lib.ENV_WORLD_SIZE: str(num_proc),
@@ -155,8 +157,8 @@ def main(argv=None):
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
     if args.profile:
         for _, env in envs:
-            env[profile_request.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
-            env[profile_request.PROFILE_STEPS_ENV] = args.profile_steps
+            env[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
+            env[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps
     if args.horovod:
         try:
             _, horovod_envs = gloo_rendezvous_server.start(args.num_proc, HOST)
@@ -180,8 +182,8 @@ def main(argv=None):
 
 
 def merge_timeline(log_dir, steps):
-    """Merge the ranks' profiles (`tfdist.launch.timeline`, in a child: it loads TensorFlow)."""
-    return subprocess.call([sys.executable, "-m", "tfdist.launch.timeline", log_dir,
+    """Merge the ranks' profiles (`tfdist.profiling.timeline`, in a child: it loads TensorFlow)."""
+    return subprocess.call([sys.executable, "-m", timeline.__name__, log_dir,
                             "--steps", steps])
 
 

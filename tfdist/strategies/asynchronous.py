@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfdist.aggregation.base import with_static_shape
 from tfdist.aggregation.parameter_server.async_client import bytes_by_server, variable_bytes
+from tfdist.profiling.names import communication_scope
 from tfdist.strategies import replica_step
 from tfdist.strategies.data_parallel import DataParallelExtended
 from tfdist.strategies.keras_patches import steps as keras_steps
@@ -44,11 +45,11 @@ class AsynchronousExtended(DataParallelExtended):
         super().__init__(*args, **kwargs)
         self._whole_batches = threading.local()
 
-    def _step(self, fn, args, kwargs, training):
-        if training:
-            return self._remote_train_step(fn, args, kwargs)
-        # Evaluate/predict: every rank runs every global batch on the servers' parameters.
-        return self._in_replica_context(fn, args, kwargs)
+    asynchronous = True  # fit's steps are `REMOTE`; evaluate/predict `LOCAL` (whole batches)
+
+    def _run_planned_step(self, fn, args, kwargs, plan):
+        del plan  # `REMOTE`: the only plan of a multi-worker step here
+        return self._remote_train_step(fn, args, kwargs)
 
     def any_rank_each(self, flags, training=False):
         """Each flag as it is on this worker (workers are not in step)."""
@@ -93,12 +94,13 @@ class AsynchronousExtended(DataParallelExtended):
         counters = self.communication_counters
         counters.count_step()
         pull_bytes = sum(variable_bytes(v) for v in parameter_set[1])
-        with tf.name_scope("tfdist/ps_async/pull/"):
+        with tf.name_scope(communication_scope("ps_async", "pull")):
             pulls = counters.timed([], lambda: self.remote_updates.begin_step(*parameter_set),
                                    payload_bytes=pull_bytes, sent_bytes=0)
         local_rows = batch_rows(args)
         step = replica_step.ReplicaStep(
-            local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size)
+            local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size,
+            plan=self.plan_step(fn))
         step.remote_parameter_set = parameter_set
         with replica_step.active(step), tf.control_dependencies(pulls):
             args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
@@ -130,7 +132,7 @@ class AsynchronousExtended(DataParallelExtended):
         counters = self.communication_counters
         by_server = bytes_by_server(set_variables, servers, counters.num_servers)
         counters.count_server_bytes(by_server)
-        with tf.name_scope("tfdist/ps_async/push/"):
+        with tf.name_scope(communication_scope("ps_async", "push")):
             pushed = counters.timed(grads, lambda: self.remote_updates.push(
                 set_id, set_variables, servers, grads, optimizer.learning_rate),
                 payload_bytes=sum(by_server), sent_bytes=sum(by_server))

@@ -32,26 +32,26 @@ import contextlib
 import time
 
 import tensorflow as tf
-from absl import logging
 
 from tfdist import _tf
+from tfdist import chief_log
 from tfdist import runtime
-from tfdist.aggregation.base import STATE
-from tfdist.aggregation.compression import NoCompression, get_compression
-from tfdist.aggregation.counters import CommunicationCounters
+from tfdist.aggregation.base import EXACT, GRADIENT
+from tfdist.aggregation.compression import with_compression
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
+from tfdist.profiling.counters import CommunicationCounters
+from tfdist.profiling.names import communication_scope
 from tfdist.strategies import average_loss
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
-from tfdist.strategies import replica_step
+from tfdist.strategies import replica_step, step_plan
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
 from tfdist.strategies.global_gradients import GlobalGradients
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, leading_rows, shard_global_batch
-from tfdist.strategies.step_sum import StepSum
 
 
 def _local_device(cluster):
@@ -64,7 +64,9 @@ def _local_device(cluster):
 class DataParallelExtended(_tf.OneDeviceExtended):
     """The strategy's implementation (`strategy.extended`)."""
 
-    # The asynchronous parameter server's client (`asynchronous.AsynchronousExtended`).
+    # Training steps go to asynchronous parameter servers, through `remote_updates` (the
+    # worker's client): `asynchronous.AsynchronousExtended`.
+    asynchronous = False
     remote_updates = None
 
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
@@ -83,13 +85,13 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         if self._one_process and not self._cluster.server_addresses:
             self._aggregator = SingleProcessAggregator()
         else:
-            self._aggregator = runtime.close_at_exit(make_aggregator(self._communicator))
+            self._aggregator = runtime.close_at_exit(
+                with_compression(make_aggregator(self._communicator), compression))
         self.communication_counters = CommunicationCounters(
             self._cluster.rank, self._cluster.world_size, self._aggregator.num_servers)
         if self._aggregator.communicates:
             self._aggregator.counters = self.communication_counters
         self._gradients = GlobalGradients(self._aggregator, self._communicator,
-                                          get_compression(compression),
                                           self.communication_counters)
         self._local_state = LocalStateSync(self)
         self._cluster_resolver = _cluster_resolver(self._cluster)
@@ -102,8 +104,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     @property
     def compression_name(self):
-        """The wire compression of dense gradients ("none", "fp16")."""
-        return self._gradients.compression.name
+        """The compression of gradients on the wire ("none", "fp16", ...)."""
+        return getattr(self._aggregator, "compression_name", "none")
 
     @property
     def aggregator(self):
@@ -177,8 +179,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        return self._gradients.all_reduce([value], NoCompression(), kind=STATE,
-                                          reduce_op=reduce_op)[0]
+        return self._gradients.all_reduce([value], EXACT, reduce_op)[0]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         # Gradients reduced outside a tfdist step (a user's own loop) arrive here.
@@ -187,8 +188,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         step = replica_step.current()
         if step is not None and step.gradients_aggregated:
             return values  # already summed by aggregate_gradients
-        return self._gradients.all_reduce(values, self._gradients.compression,
-                                          reduce_op=reduce_op)
+        return self._gradients.all_reduce(values, GRADIENT, reduce_op)
 
     def aggregate_gradients(self, gradients, variables=None, weighted_in_loss=False):
         """The global batch's gradients from this rank's, now (`global_gradients`)."""
@@ -292,19 +292,33 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     # ---------------------------------------------------------------- steps
     def _call_for_each_replica(self, fn, args, kwargs):
-        if self._one_process or replica_step.current() is not None:
-            # One process, or a merge_call inside a step (LossScaleOptimizer's
-            # apply) returning to the replica: part of the step being traced.
+        if replica_step.current() is not None:
+            # A merge_call inside a step (LossScaleOptimizer's apply) returning to the
+            # replica: part of the step being traced.
             return self._in_replica_context(fn, args, kwargs)
-        training = keras_steps.is_train_step(fn)
-        with (self.communication_counters.recording() if training
+        plan = self.plan_step(fn)
+        if plan.updates == step_plan.LOCAL:
+            return self._in_replica_context(fn, args, kwargs)
+        with (self.communication_counters.recording() if plan.training
               else contextlib.nullcontext()):
-            return self._step(fn, args, kwargs, training)
+            return self._run_planned_step(fn, args, kwargs, plan)
 
-    def _step(self, fn, args, kwargs, training):
-        """One step of `fn` across the ranks: here, every rank together (`_synchronous_step`)."""
-        del training
-        return self._synchronous_step(fn, args, kwargs)
+    def plan_step(self, fn):
+        """The `step_plan.StepPlan` of a step running `fn`, decided once as it is traced."""
+        return step_plan.plan_step(
+            one_process=self._one_process,
+            is_keras_train_step=keras_steps.is_keras_train_step(fn),
+            is_train_step=keras_steps.is_train_step(fn),
+            # A user's own function (a custom loop's `strategy.run(train_step)`) scales its
+            # loss itself, as MultiWorkerMirroredStrategy's contract has it, and sees its
+            # slice as it is; Keras' steps compute per-slice means that tfdist weights.
+            is_user_function=(keras_steps.model_of_step(fn) is None
+                              and not keras_steps.is_predict_step(fn)),
+            asynchronous=self.asynchronous)
+
+    def _run_planned_step(self, fn, args, kwargs, plan):
+        """A `DEFERRED` or `IMMEDIATE` step: every rank together (`_synchronous_step`)."""
+        return self._synchronous_step(fn, args, kwargs, plan)
 
     def epoch_data_scope(self, training):
         """Context in which Keras builds an epoch iterator (`training`: fit's own)."""
@@ -331,23 +345,17 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             replica_id_in_sync_group=self._cluster.rank,
             num_replicas_in_sync=self._cluster.world_size))
 
-    def _synchronous_step(self, fn, args, kwargs):
+    def _synchronous_step(self, fn, args, kwargs, plan):
         """A step of every rank together: slices weighted by share, state made global.
 
-        The step ends with one fused all-reduce (`_end_replica_step`). In
-        Keras' own `train_step`, which reads no variable after its update,
-        the optimizer update waits for it too (`ReplicaStep.defers_updates`),
-        so gradients, the row count and metric state travel in one
-        collective; a custom step's gradients are summed where it applies them.
+        The step ends with one fused all-reduce (`_end_replica_step`). In a
+        `DEFERRED` plan (Keras' own `train_step`, which reads no variable
+        after its update) the optimizer update waits for it too, so
+        gradients, the row count and metric state travel in one collective;
+        an `IMMEDIATE` step's gradients are summed where it applies them.
         """
         model = keras_steps.model_of_step(fn)
-        # A user's own function (a custom loop's `strategy.run(train_step)`) scales its
-        # loss itself, as MultiWorkerMirroredStrategy's contract has it, and sees its slice
-        # as it is, empty or not; Keras' steps compute per-slice means that tfdist weights.
-        scaled_by_user = model is None and not keras_steps.is_predict_step(fn)
-        step = self._begin_replica_step(args, model, scaled_by_user)
-        step.defers_updates = (keras_steps.is_keras_train_step(fn)
-                               and not self._gradients.compresses)
+        step = self._begin_replica_step(args, model, plan)
 
         def step_then_sum(*step_args, **step_kwargs):
             outputs = fn(*step_args, **step_kwargs)
@@ -370,7 +378,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         here, where Keras' own step would have run them.
         """
         assigned = self._local_state.end_step()
-        total = StepSum(step)
+        total = self._gradients.step_sum(step)
         updates = step.take_deferred_updates()
         finish_gradients = [self._gradients.add_to(total, u.gradients, u.variables,
                                                    u.weighted_in_loss) for u in updates]
@@ -398,16 +406,16 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 fn, model, outputs, step,
                 {key: total.result(slot) for key, slot in zip(raw_keys, raw_slots)})
 
-    def _begin_replica_step(self, args, model, scaled_by_user=False):
+    def _begin_replica_step(self, args, model, plan):
         """This step's `ReplicaStep`: its rows; the global batch's when they are needed.
 
         The global row count comes with the step's fused all-reduce
         (`step_sum`), except when the model's optimizer scales its loss
         (float16 loss scaling): the share then weights the loss before the
         backward pass, and the rows are all-reduced first. A user's function
-        (`scaled_by_user`) may take no batch at all: it then counts one row.
+        (`plan.scaled_by_user`) may take no batch at all: it then counts one row.
         """
-        if scaled_by_user:
+        if plan.scaled_by_user:
             local_rows = leading_rows(args)
             if local_rows is None:
                 local_rows = tf.constant(1, tf.int32)
@@ -415,8 +423,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             local_rows = batch_rows(args)
 
         # Through the aggregator: the step's only transport is the strategy's own algorithm.
-        step = replica_step.ReplicaStep(local_rows, sum_over_ranks=self._all_reduce_sum)
-        step.scaled_by_user = scaled_by_user
+        step = replica_step.ReplicaStep(local_rows, sum_over_ranks=self._all_reduce_sum,
+                                        plan=plan)
         if model is not None and keras_steps.scales_loss(model.optimizer):
             step.learn_global_rows(step.global_rows)
         return step
@@ -424,7 +432,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def _globalize_outputs(self, fn, model, outputs, step, summed_raw_logs):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
         if keras_steps.is_predict_step(fn):
-            with tf.name_scope("tfdist/all_gather/predictions/"):
+            with tf.name_scope(communication_scope("all_gather", "predictions")):
                 return tf.nest.map_structure(
                     lambda t: self._communicator.all_gather(t[:step.local_rows]), outputs)
         if model is not None and isinstance(outputs, dict):
@@ -501,14 +509,12 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
             average_loss.install(lambda step: step.scaled_by_user)
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
             align_random_state(extended.communicator)
-        if extended._cluster.is_chief:  # pylint: disable=protected-access
-            logging.info(
-                "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
-                type(self).__name__, self.world_size,
-                extended.aggregator.name,
-                engine, extended.compression_name,
-                extended._cluster.launcher,  # pylint: disable=protected-access
-            )
+        chief_log.info(
+            self.is_chief,
+            "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
+            type(self).__name__, self.world_size, extended.aggregator.name, engine,
+            extended.compression_name,
+            extended._cluster.launcher)  # pylint: disable=protected-access
 
     @property
     def rank(self):

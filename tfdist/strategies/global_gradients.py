@@ -6,12 +6,12 @@ by its share of the global batch, n_r / n, and summed over ranks
 gradient travels depends on its kind, decided here for every path of the
 step:
 
-* dense, uncompressed: contributed to a `StepSum` (the step's one fused
-  all-reduce; the share weight is applied after the sum, sum_r n_r g_r / n,
-  so n costs no collective of its own);
-* dense, compressed on the wire (`aggregation.compression`): weighted by the
-  share first (the step learns n first: one small all-reduce), then summed
-  through the compressor, which must see the final values;
+* dense: contributed to a `StepSum` (the step's one fused all-reduce) as a
+  `GRADIENT`; the share weight is applied after the sum,
+  sum_r n_r g_r / n, so n costs no collective of its own - or before it
+  when the aggregator must see the global gradient's values (a compressor,
+  `Aggregator.weights_gradients_first`: the step learns n first, one small
+  all-reduce);
 * `tf.IndexedSlices` (`gather_slices`): the slices one process has for the
   global batch - every rank's weighted (index, value) pairs in rank order
   when the indices come from the batch, or the shared indices once with the
@@ -27,14 +27,14 @@ when they run `StepSum.run` differs.
 
 Cost: dense gradients add their bytes to the step's fused all-reduce; sparse
 ones cost one all-gather of P k values (k lookups per rank) plus their
-indices; compression one extra all-reduce of the row count per step.
+indices.
 """
 
 import tensorflow as tf
 
 from tfdist import _tf
-from tfdist.aggregation.base import GRADIENTS
-from tfdist.aggregation.compression import NoCompression
+from tfdist.aggregation.base import GRADIENT
+from tfdist.profiling.names import communication_scope
 from tfdist.strategies import replica_step
 from tfdist.strategies.batch_dependence import reads_batch
 from tfdist.strategies.step_sum import StepSum
@@ -46,20 +46,17 @@ class GlobalGradients:
     Args:
         aggregator: the strategy's `tfdist.aggregation.base.Aggregator`.
         communicator: the process's communicator (all-gathers of sparse gradients).
-        compression: the wire compression of dense gradients (`NoCompression`: none).
         counters: the process's `CommunicationCounters` (sparse gathers are counted).
     """
 
-    def __init__(self, aggregator, communicator, compression, counters):
+    def __init__(self, aggregator, communicator, counters):
         self._aggregator = aggregator
         self._communicator = communicator
-        self.compression = compression
         self._counters = counters
 
-    @property
-    def compresses(self):
-        """True if dense gradients are compressed on the wire (they then cannot be deferred)."""
-        return self.compression.name != NoCompression.name
+    def step_sum(self, step):
+        """A `StepSum` of `step` for this aggregator (gradients weighted as it needs them)."""
+        return StepSum(step, self._aggregator.weights_gradients_first)
 
     def aggregate(self, gradients, variables=None, weighted_in_loss=False):
         """The global gradients now (a custom step's `apply`); unchanged outside a step.
@@ -70,7 +67,7 @@ class GlobalGradients:
         step = replica_step.current()
         if step is None:
             return list(gradients)
-        total = StepSum(step)
+        total = self.step_sum(step)
         finish = self.add_to(total, gradients, variables, weighted_in_loss)
         total.run(self._aggregator.all_reduce)
         return finish()
@@ -79,54 +76,43 @@ class GlobalGradients:
         """Contribute the gradients to `total` (a `StepSum`); return `finish`.
 
         `finish()`, called after `total.run`, gives the global gradients in
-        order: dense ones from the sum (or compressed and summed on their
-        own), sparse ones gathered.
+        order: dense ones from the sum, sparse ones gathered.
         """
         step = total.step
         variables = list(variables) if variables is not None else [None] * len(gradients)
-        dense = [position for position, gradient in enumerate(gradients)
-                 if gradient is not None and not isinstance(gradient, tf.IndexedSlices)]
         slots = {}
-        if not self.compresses:
-            for position in dense:
-                gradient, variable = gradients[position], variables[position]
-                if weighted_in_loss:
-                    slots[position] = total.add_sum(
-                        _weighted(gradient, step.gradient_weight(True)), variable,
-                        is_gradient=True)
-                else:
-                    slots[position] = total.add_share_weighted(gradient, variable,
-                                                               is_gradient=True)
+        for position, gradient in enumerate(gradients):
+            if gradient is None or isinstance(gradient, tf.IndexedSlices):
+                continue
+            if weighted_in_loss:
+                slots[position] = total.add_sum(_weighted(gradient, step.gradient_weight(True)),
+                                                variables[position], is_gradient=True)
+            else:
+                slots[position] = total.add_share_weighted(gradient, variables[position],
+                                                           is_gradient=True)
 
         def finish():
             weight = step.gradient_weight(weighted_in_loss)
             result = list(gradients)
-            if self.compresses:
-                summed = self.all_reduce([_weighted(gradients[p], weight) for p in dense],
-                                         self.compression, [variables[p] for p in dense])
-            else:
-                summed = [total.result(slots[p]) for p in dense]
-            for position, value in zip(dense, summed):
-                result[position] = value
             for position, gradient in enumerate(gradients):
-                if isinstance(gradient, tf.IndexedSlices):
+                if position in slots:
+                    result[position] = total.result(slots[position])
+                elif isinstance(gradient, tf.IndexedSlices):
                     result[position] = self.gather_slices(gradient, step, weight)
             return result
 
         return finish
 
-    def all_reduce(self, values, compression, variables=None, kind=GRADIENTS,
-                   reduce_op=_tf.ReduceOp.SUM):
-        """Sum (or mean) over ranks of `values`, through `compression` and the aggregator.
+    def all_reduce(self, values, roles=GRADIENT, reduce_op=_tf.ReduceOp.SUM):
+        """Sum (or mean) over ranks of `values` through the aggregator (`roles`: what they are).
 
-        Also what `strategy.reduce` and a user's `batch_reduce_to` use (`kind` STATE:
-        not gradients).
+        What `strategy.reduce` (`EXACT`) and a user's `batch_reduce_to`
+        (`GRADIENT`) use.
         """
         if not self._aggregator.communicates or not values:
             return list(values)
-        wire, contexts = zip(*[compression.compress(tf.convert_to_tensor(v)) for v in values])
-        summed = self._aggregator.all_reduce(list(wire), variables, kind)
-        summed = [compression.decompress(s, c) for s, c in zip(summed, contexts)]
+        summed = self._aggregator.all_reduce([tf.convert_to_tensor(v) for v in values],
+                                             roles=roles)
         if reduce_op == _tf.ReduceOp.MEAN:
             summed = [s / tf.cast(self._communicator.world_size, s.dtype) for s in summed]
         return summed
@@ -163,7 +149,7 @@ class GlobalGradients:
         """Every rank's `tensors`, concatenated in rank order (named and counted)."""
         counters = self._counters
         mine = sum(tf.size(t, tf.int64) * t.dtype.size for t in tensors) if counters.active else 0
-        with tf.name_scope("tfdist/all_gather/sparse_gradients/"):
+        with tf.name_scope(communication_scope("all_gather", "sparse_gradients")):
             return counters.timed(
                 tensors, lambda: tuple(self._communicator.all_gather(t) for t in tensors),
                 payload_bytes=mine,

@@ -1,8 +1,6 @@
 """`ParameterServerStrategy`: gradients summed by sharded parameter servers."""
 
-import sys
-
-from tfdist import runtime
+from tfdist import chief_log, runtime
 from tfdist.errors import ServerRoleFinished
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
 from tfdist.aggregation.parameter_server.async_client import AsyncParameterServerClient
@@ -84,7 +82,7 @@ class ParameterServerStrategy(DataParallelStrategy):
         if cluster.is_server:
             from tfdist.aggregation.parameter_server.server_process import run_server
 
-            raise ServerRoleFinished(run_server(cluster))
+            raise ServerRoleFinished(run_server(cluster).code)
         dedicated = cluster.server_addresses
         available = len(dedicated) or cluster.world_size
         if num_servers is not None and num_servers != available:
@@ -109,11 +107,10 @@ class ParameterServerStrategy(DataParallelStrategy):
             addresses = runtime.close_at_exit(ColocatedServer(cluster, communicator)).addresses
         else:
             addresses = cluster.server_addresses
-        if cluster.is_chief:
-            print(f"tfdist ParameterServerStrategy: {len(addresses)} "
-                  f"{'co-located' if self.colocated else 'dedicated'} server(s) for "
-                  f"{cluster.world_size} worker(s): {', '.join(addresses)}",
-                  file=sys.stderr, flush=True)
+        chief_log.info(cluster.is_chief,
+                       "tfdist ParameterServerStrategy: %d %s server(s) for %d worker(s): %s",
+                       len(addresses), "co-located" if self.colocated else "dedicated",
+                       cluster.world_size, ", ".join(addresses))
         aggregator = ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
                                                cluster.timeout, self.piece_bytes)
         if self.mode == "async":

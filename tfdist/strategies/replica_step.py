@@ -1,42 +1,13 @@
-"""What one rank's step knows about the global batch it is part of.
+"""The step being traced on this rank: its rows, its plan and its deferred updates.
 
-On one process a Keras step sees the whole global batch of n rows. Across P
-processes rank r sees its slice of n_r rows (`sharding.shard_global_batch`),
-and n_r may differ between ranks (a final partial batch) or be zero (fewer
-rows than processes). Single-process results are recovered exactly by
-weighting every rank's per-slice quantity by its *share* of the global
-batch, n_r / n:
-
-* the step's losses are means over the slice, as on one process (Keras'
-  own 1 / num_replicas scaling is switched off by `keras_patches`), so the
-  global gradient is sum_r (n_r / n) * grad_r - what one process computes
-  for a mean loss over the global batch, for any split. When the step
-  calls `optimizer.scale_loss` (Keras' own train_step does), the share is
-  applied to the loss there instead, so every rank's backward pass carries
-  the magnitudes one process would (this matters to float16 loss scaling);
-* a batch-level metric update (a scalar passed to a `Mean` without
-  weights, e.g. a per-output loss tracker or a custom train step's
-  `loss_tracker.update_state(loss)`) counts once per global batch on one
-  process, so its state change is weighted by the share as well;
-* per-example metric state (accuracy counts, weighted sums) simply adds up.
-
-A rank with an empty slice runs its step on a stand-in row of zeros (so
-layers such as BatchNormalization see a valid batch) whose every effect is
-weighted by zero.
-
-`ReplicaStep` holds these facts for the step being traced; `current()` is
-the step of the calling thread (None outside a tfdist step).
-
-The global row count n is known only after an all-reduce. tfdist does not
-spend a collective of its own on it: share-weighted values are contributed
-as n_r * value, next to n_r, to the step's fused all-reduce (`StepSum`),
-and divided by the summed n afterwards - sum_r n_r v_r / n = sum_r share_r v_r.
-Only what needs the share before that point (a loss weighted for float16
-loss scaling, a half-precision or compressed gradient) asks for n early
-(`ReplicaStep.global_rows`: one small all-reduce, made once per step).
-
-Cost: no collective of its own on the common path; n_r adds one float to
-the step's fused all-reduce.
+`ReplicaStep` is a step's `RowAccounting` (this rank's rows and share of
+the global batch: `row_accounting`) together with what the step decided
+once (`step_plan.StepPlan`: deferred, immediate or remote updates, losses
+scaled by tfdist or by the user) and what it gathers while it is traced:
+the optimizer updates deferred to its end (`DeferredUpdate`), the metric
+variables updated once per batch, the optimizers whose loss carried the
+share. `current()` is the step of the calling thread (None outside a
+tfdist step).
 """
 
 import contextlib
@@ -45,136 +16,39 @@ import threading
 
 import tensorflow as tf
 
+from tfdist.strategies.row_accounting import RowAccounting
+from tfdist.strategies.step_plan import IMMEDIATE, StepPlan
+
 _local = threading.local()
 
 
-class ReplicaStep:
+class ReplicaStep(RowAccounting):
     """One rank's view of one global batch, inside a traced step.
 
     Attributes:
-        local_rows: int32 scalar, rows of this rank's slice (n_r).
-        has_rows: bool scalar, n_r > 0.
-        defers_updates: optimizer updates are deferred to the end of the
-            step, where their gradients join the step's fused all-reduce
-            (`defer_update`); set for Keras' own `train_step`, which reads
-            no variable after its update.
-        scaled_by_user: the step is a user's own function run by
-            `strategy.run` (a custom training loop), whose loss is scaled by
-            the user for the global batch (`tf.nn.compute_average_loss(...,
-            global_batch_size=...)`, MultiWorkerMirroredStrategy's contract):
-            its gradients are summed as they are (an empty slice's zeroed).
-
-    The global batch's rows (`global_rows`, float32 n) and this rank's
-    share n_r / n (`share`) are known once the step's fused all-reduce ran
-    (`learn_global_rows`); read earlier, they cost one small all-reduce
-    (`sum_over_ranks`, a callable summing a list of tensors over ranks).
+        plan: the step's `StepPlan` (how its updates and losses are handled).
+        inputs: the step function's arguments (`batch_dependence.reads_batch`).
+        gradients_aggregated: inside `aggregated_gradients`: the gradients
+            an optimizer applies are global already.
+        remote_parameter_set: a `REMOTE` step's parameter set (set id,
+            variables, servers), set by the asynchronous strategy.
     """
 
-    def __init__(self, local_rows, global_rows=None, sum_over_ranks=None):
-        self.local_rows = local_rows
-        self.has_rows = local_rows > 0
-        self._global_rows = global_rows
-        self._sum_over_ranks = sum_over_ranks
-        self._share = None
-        self._graph = tf.compat.v1.get_default_graph()
+    def __init__(self, local_rows, global_rows=None, sum_over_ranks=None,
+                 plan=StepPlan(IMMEDIATE)):
+        super().__init__(local_rows, global_rows, sum_over_ranks)
+        self.plan = plan
+        self.inputs = ()
         self.gradients_aggregated = False
-        self.defers_updates = False
-        self.scaled_by_user = False
-        self.inputs = ()  # the step function's arguments (`batch_dependence.reads_batch`)
+        self.remote_parameter_set = None
         self._deferred_updates = []
-        self.remote_parameter_set = None  # asynchronous PS: (set id, variables, servers)
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
 
     @property
-    def rows_known(self):
-        """True once the global row count is a tensor of this step (no collective needed)."""
-        return self._global_rows is not None
-
-    @property
-    def global_rows(self):
-        """float32 scalar n, the global batch's rows (one small all-reduce if not known yet)."""
-        if self._global_rows is not None:
-            return self._global_rows
-        rows = self._sum_over_ranks([tf.reshape(self.rows_weight(tf.float32), [1])])[0][0]
-        self._remember_global_rows(rows)
-        return rows
-
-    def _remember_global_rows(self, rows):
-        if tf.compat.v1.get_default_graph() is self._graph:
-            self._global_rows = rows  # not inside a cond/loop branch: reusable for the step
-
-    def sum_over_ranks(self, value):
-        """float32 sum over ranks of the float32 scalar `value` (one small all-reduce)."""
-        return self._sum_over_ranks([tf.reshape(value, [1])])[0][0]
-
-    def sum_with_rows(self, value):
-        """float32 sum over ranks of the float32 scalar `value`, before the step's end.
-
-        One small all-reduce, which also carries this rank's row count if the
-        global one is not known yet (then `global_rows` costs nothing more).
-        """
-        if self.rows_known:
-            return self.sum_over_ranks(value)
-        summed = self._sum_over_ranks([tf.stack([value, self.rows_weight(tf.float32)])])[0]
-        self._remember_global_rows(summed[1])
-        return summed[0]
-
-    def weight_for_global_denominator(self, term, local_denominator):
-        """A loss term over this slice, rescaled so that share weighting makes it exact.
-
-        Keras reduces a loss term over a slice as S_r / D_r, and one process
-        over the global batch as S / D, S = sum_r S_r, D = sum_r D_r, where D
-        is what the term averages over: its elements (proportional to the
-        rows: nothing to do), the valid tokens of a mask, the sum of the
-        sample weights (`"mean_with_sample_weight"`), or nothing at all
-        (`reduction="sum"`, `local_denominator` None: every rank's S_r counts
-        whole). The step weights every per-slice value by its share n_r / n
-        (the gradients, the loss tracker); so the term is returned times
-        (D_r / D) (n / n_r), whose share-weighted sum over ranks is S / D.
-
-        Cost: one small all-reduce before the backward pass per such term
-        (`sum_with_rows`); for a sum, the global row count only.
-        """
-        rows = self.rows_weight(tf.float32)
-        if local_denominator is None:
-            factor = tf.math.divide_no_nan(self.global_rows, rows)
-        else:
-            local = self.counted_if_rows(tf.cast(local_denominator, tf.float32))
-            total = self.sum_with_rows(local)
-            factor = tf.math.divide_no_nan(local, total) * tf.math.divide_no_nan(
-                self.global_rows, rows)
-        return term * tf.cast(factor, term.dtype)
-
-    def learn_global_rows(self, rows):
-        """The global row count, as summed by the step's fused all-reduce."""
-        if self._global_rows is None:
-            self._global_rows = rows
-
-    @property
-    def share(self):
-        """float32 scalar n_r / n (0 for an empty slice)."""
-        if self._share is not None:
-            return self._share
-        share = tf.math.divide_no_nan(tf.cast(self.local_rows, tf.float32), self.global_rows)
-        if self.rows_known:
-            self._share = share
-        return share
-
-    def weight(self, dtype):
-        """The share as `dtype` (to weight a per-slice value)."""
-        return tf.cast(self.share, dtype)
-
-    def has_rows_weight(self, dtype):
-        """1 if this rank's slice has rows, else 0, as `dtype` (an empty slice counts nothing)."""
-        return tf.cast(self.has_rows, dtype)
-
-    def counted_if_rows(self, value):
-        """`value`, or zeros of its dtype when this rank's slice is empty (any dtype;
-        a float NaN computed on the stand-in row becomes 0 too)."""
-        if value.dtype.is_floating or value.dtype.is_complex:
-            return tf.math.multiply_no_nan(value, self.has_rows_weight(value.dtype))
-        return tf.where(self.has_rows, value, tf.zeros_like(value))
+    def scaled_by_user(self):
+        """The step is a user's function whose loss the user scaled (`StepPlan.scaled_by_user`)."""
+        return self.plan.scaled_by_user
 
     def gradient_weight(self, weighted_in_loss):
         """dtype -> the weight of this rank's gradients: its share, or only `has_rows_weight`
@@ -184,12 +58,8 @@ class ReplicaStep:
             return lambda dtype: tf.ones([], dtype)
         return self.has_rows_weight if weighted_in_loss else self.weight
 
-    def rows_weight(self, dtype):
-        """n_r as `dtype`: a per-slice mean times it is the slice's sum."""
-        return tf.cast(self.local_rows, dtype)
-
     def defer_update(self, update):
-        """Run `update` (a `DeferredUpdate`) at the end of the step (see `defers_updates`)."""
+        """Run `update` (a `DeferredUpdate`) at the end of the step (a `DEFERRED` plan)."""
         self._deferred_updates.append(update)
 
     def take_deferred_updates(self):

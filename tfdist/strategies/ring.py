@@ -1,8 +1,6 @@
 """`RingAllReduceStrategy`: gradients summed with a ring all-reduce."""
 
-from absl import logging
-
-from tfdist import runtime
+from tfdist import chief_log, runtime
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
@@ -72,7 +70,6 @@ class RingAllReduceStrategy(DataParallelStrategy):
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
         )
-        if self.is_chief and backend == "auto":
-            logging.log_first_n(logging.INFO,
-                                "tfdist RingAllReduceStrategy: backend 'auto' resolved to %r",
-                                1, self.backend)
+        if backend == "auto":
+            chief_log.info(self.is_chief, "tfdist RingAllReduceStrategy: backend 'auto' "
+                           "resolved to %r", self.backend, once=True)

@@ -11,8 +11,14 @@ need the global row count n, which is itself a sum over ranks. They are
 contributed as n_r * v_r next to n_r, and divided by the summed n after the
 all-reduce: sum_r n_r v_r / n = sum_r share_r v_r, in one collective. This
 holds for float32/float64 values; a half-precision value (n_r * v could
-overflow) is weighted by the share directly, which asks the step for n
-first (`ReplicaStep.global_rows`, one small all-reduce).
+overflow), and a gradient when the aggregator must see the global gradient's
+values (`Aggregator.weights_gradients_first`: a compressor), is weighted by
+the share directly, which asks the step for n first
+(`ReplicaStep.global_rows`, one small all-reduce).
+
+Every contribution carries its role (`aggregation.base.ROLES`): gradients
+`GRADIENT`, the row count `ROWS`, everything else `EXACT`, so a lossy hook
+only ever changes gradients.
 
 Cost: one all-reduce of (gradient bytes + state bytes + 4 (P + 1)) bytes per
 step, where the unfused step made three: the row count, the gradients and
@@ -22,7 +28,7 @@ share-weighted value.
 
 import tensorflow as tf
 
-from tfdist.aggregation.base import GRADIENTS, STATE
+from tfdist.aggregation.base import EXACT, GRADIENT, ROWS
 
 _WEIGHT_AFTER_SUM = (tf.float32, tf.float64)
 
@@ -35,19 +41,23 @@ class StepSum:
 
     Args:
         step: the `replica_step.ReplicaStep` being traced.
+        weights_gradients_first: gradients are weighted by the share before
+            the sum (the aggregator's `weights_gradients_first`).
     """
 
-    def __init__(self, step):
+    def __init__(self, step, weights_gradients_first=False):
         self.step = step
+        self._weights_gradients_first = weights_gradients_first
         self._tensors = []
         self._variables = []
+        self._roles = []
         self._divide_by_rows = []
-        self._has_gradients = False
         self._results = None
 
-    def _add(self, tensor, variable, divide_by_rows):
+    def _add(self, tensor, variable, divide_by_rows, is_gradient):
         self._tensors.append(tensor)
         self._variables.append(variable)
+        self._roles.append(GRADIENT if is_gradient else EXACT)
         self._divide_by_rows.append(divide_by_rows)
         return len(self._tensors) - 1
 
@@ -57,34 +67,34 @@ class StepSum:
         `variable`: the variable `value` is the gradient of (for the
         aggregation hook), if known; `is_gradient`: it is a gradient.
         """
-        self._has_gradients |= is_gradient
-        return self._add(value, variable, False)
+        return self._add(value, variable, False, is_gradient)
 
     def add_share_weighted(self, value, variable=None, is_gradient=False):
         """sum_r share_r value_r: a per-slice mean's value over the global batch."""
-        self._has_gradients |= is_gradient
-        if value.dtype in _WEIGHT_AFTER_SUM and not self.step.rows_known:
+        weight_after_sum = (value.dtype in _WEIGHT_AFTER_SUM and not self.step.rows_known
+                            and not (is_gradient and self._weights_gradients_first))
+        if weight_after_sum:
             return self._add(tf.math.multiply_no_nan(value, self.step.rows_weight(value.dtype)),
-                             variable, True)
+                             variable, True, is_gradient)
         return self._add(tf.math.multiply_no_nan(value, self.step.weight(value.dtype)),
-                         variable, False)
+                         variable, False, is_gradient)
 
     def run(self, all_reduce):
-        """Sum every contribution with `all_reduce(tensors, variables, kind)` (one bucket).
+        """Sum every contribution with `all_reduce(tensors, variables, roles)` (one call).
 
         The slice's row count joins the bucket when a value waits for n;
         the step then knows n (`ReplicaStep.learn_global_rows`).
         """
-        tensors, variables = list(self._tensors), list(self._variables)
+        tensors, variables, roles = list(self._tensors), list(self._variables), list(self._roles)
         needs_rows = any(self._divide_by_rows)
         if needs_rows:
             tensors.append(tf.reshape(self.step.rows_weight(tf.float32), [1]))
             variables.append(None)
+            roles.append(ROWS)
         if not tensors:
             self._results = []
             return
-        kind = GRADIENTS if self._has_gradients else STATE
-        summed = all_reduce(tensors, variables, kind)
+        summed = all_reduce(tensors, variables, roles)
         if needs_rows:
             rows = summed.pop()[0]
             self.step.learn_global_rows(rows)

@@ -1,13 +1,13 @@
 """The worker side of the parameter server: the aggregation hook that pushes and pulls."""
 
 import math
-import os
 import sys
 import threading
 import weakref
 
 import tensorflow as tf
 
+from tfdist import chief_log
 from tfdist.aggregation.base import Aggregator, require_static_shapes
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.aggregation.fusion import FusionPlan, split_flat
@@ -72,6 +72,7 @@ class ParameterServerAggregator(Aggregator):
         self.world_size = world_size
         self.piece_bytes = int(piece_bytes)
         self.server_addresses = tuple(server_addresses)
+        self.timeout = float(timeout)
         self.clients = [RpcClient(address, f"parameter server {k} ({address})",
                                   f"tfdist rank {rank}", timeout)
                         for k, address in enumerate(self.server_addresses)]
@@ -92,19 +93,26 @@ class ParameterServerAggregator(Aggregator):
                         tf.TensorSpec([], tf.int32), timeout=timeout)
 
     def _watch_servers(self):
-        """Probe the servers' ports (no TensorFlow in this thread); exit if one is gone."""
+        """Probe the servers' ports (no TensorFlow in this thread); say at once if one is gone.
+
+        A call in flight to a server that dies fails as soon as its connection
+        drops; a call made after that waits for the server up to the job's
+        timeout and then fails (`tf_rpc`), and the step with it: the worker
+        ends through its own error, never here. The watcher only names the
+        cause while that wait lasts.
+        """
         probes = ProbeCounter([client.address for client in self.clients], connection_refused)
         while not self._stop.wait(PROBE_INTERVAL_SECONDS):
             gone = probes.probe()
             if gone and not self._stop.is_set():
-                # Training is blocked in calls to the dead server, which cannot be
-                # cancelled: say why and exit.
-                print(self._dead_server_line(self.clients[gone[0]]), file=sys.stderr, flush=True)
-                os._exit(1)  # pylint: disable=protected-access
+                print(self._dead_server_line(self.clients[gone[0]])
+                      + f" A step waiting on it fails within the {self.timeout:g} s timeout.",
+                      file=sys.stderr, flush=True)
+                return
 
     def _dead_server_line(self, client):
         return (f"tfdist rank {self.rank}: {client.description} is unreachable "
-                "(connection refused); it has probably died. Stopping this worker.")
+                "(connection refused); it has probably died.")
 
     def _explain_failure(self, error):
         """When a call to a server fails and training stops, say which server is gone.
@@ -233,7 +241,6 @@ class ParameterServerAggregator(Aggregator):
         nbytes = flat.shape.num_elements() * flat.dtype.size
         if self.rank == 0 and nbytes >= max(LOGGED_PLAN_MIN_BYTES, self._largest_logged + 1):
             self._largest_logged = nbytes
-            # Printed, not logged: absl hides INFO unless its flags were parsed.
-            print(f"tfdist parameter server partition: {flat.shape.num_elements()} "
-                  f"{flat.dtype.name} values ({flat.shape.num_elements() * flat.dtype.size / 1e6:.3f}"
-                  f" MB) in {plan.describe()}", file=sys.stderr, flush=True)
+            chief_log.info(True, "tfdist parameter server partition: %d %s values (%.3f MB) in %s",
+                           flat.shape.num_elements(), flat.dtype.name, nbytes / 1e6,
+                           plan.describe())

@@ -19,7 +19,7 @@ worker as a child process with explicit arguments:
 """
 
 import argparse
-import os
+import dataclasses
 import sys
 
 from absl import logging
@@ -28,8 +28,18 @@ from tfdist import cluster as cluster_lib
 from tfdist.errors import ClusterError
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerOutcome:
+    """How a server ended: its exit code (0, or 1 after a failure it reported) and whether
+    the interpreter may be torn down (False: a reducer thread is still inside TensorFlow,
+    and finalizing the runtime under it could crash; the entry point then leaves at once)."""
+
+    code: int
+    teardown_safe: bool = True
+
+
 def serve(address, num_workers, name, timeout, worker_addresses):
-    """Run one shard server until it is done; return the process exit code."""
+    """Run one shard server until it is done; return its `ServerOutcome`."""
     from tfdist.aggregation.parameter_server.shard_server import ShardServer
 
     server = ShardServer(address, num_workers, name, timeout, worker_addresses)
@@ -37,13 +47,9 @@ def serve(address, num_workers, name, timeout, worker_addresses):
     if code:
         print(server.error, file=sys.stderr, flush=True)
     if not server.reducers_stopped:
-        # A reducer thread is still inside TensorFlow: finalizing the interpreter (and
-        # TensorFlow's runtime) under it could crash the process; leave without teardown.
-        logging.warning("tfdist %s: a reducer did not stop; exiting without cleanup", name)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # pylint: disable=protected-access
-    return code
+        logging.warning("tfdist %s: a reducer did not stop; the process should exit without "
+                        "cleanup", name)
+    return ServerOutcome(code, teardown_safe=server.reducers_stopped)
 
 
 def run_server(cluster):
@@ -59,6 +65,7 @@ def run_server(cluster):
 
 
 def main(argv=None):
+    """The server's command line (`python -m tfdist.server`); returns its `ServerOutcome`."""
     parser = argparse.ArgumentParser(prog="python -m tfdist.server",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--address", help="host:port to serve on (co-located server)")

@@ -16,9 +16,9 @@ a tfdist strategy, without changes to the user's script:
   parameter server, the model follows the servers' parameters
   (`_ServerParameters`);
 * next to a `TensorBoard` callback, tfdist's communication scalars are
-  written into its run (`profiling.TensorBoardScalars`), and in a
+  written into its run (`report.TensorBoardScalars`), and in a
   multi-process job its `profile_batch` profiles every rank, each into its
-  own run `rank_<k>` (`profiling.RankProfiler`), as does
+  own run `rank_<k>` (`rank_profiler.RankProfiler`), as does
   `tfdist-run --profile`.
 """
 
@@ -26,16 +26,16 @@ import functools
 
 import keras
 import tensorflow as tf
-from absl import logging
 
-from tfdist.strategies import profiling
+from tfdist import chief_log
+from tfdist.profiling import rank_profiler, report
 from tfdist.strategies.checkpoint_files import save_backup
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks, is_multi_process,
                                                             is_non_chief_model, tfdist_strategy)
 
 
-agrees_across_ranks(profiling.TensorBoardScalars)
-agrees_across_ranks(profiling.RankProfiler)
+agrees_across_ranks(report.TensorBoardScalars)
+agrees_across_ranks(rank_profiler.RankProfiler)
 
 
 _CHIEF_ONLY_WRITERS = (
@@ -50,9 +50,9 @@ def _keep_collectives_out_of_xla(model):
     """XLA cannot compile TensorFlow's cross-process collective ops: run the step unjitted."""
     strategy = tfdist_strategy(model)
     if strategy is not None and strategy.world_size > 1 and model.jit_compile:
-        if strategy.is_chief:
-            logging.warning("tfdist: jit_compile disabled for %s: the step contains "
-                            "cross-process collectives, which XLA cannot compile.", model.name)
+        chief_log.warning(strategy.is_chief, "tfdist: jit_compile disabled for %s: the step "
+                          "contains cross-process collectives, which XLA cannot compile.",
+                          model.name)
         model.jit_compile = False
         model.train_function = model.test_function = model.predict_function = None
 
@@ -184,16 +184,17 @@ def _with_communication_profiling(model, callbacks):
     added = []
     # pylint: disable=protected-access
     for board in [c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)]:
-        added.append(profiling.TensorBoardScalars(
+        added.append(report.TensorBoardScalars(
             strategy, lambda board=board: board._train_writer, board.update_freq))
         if board._should_trace:  # profile_batch: each rank profiles into its own run instead
             board._tfdist_profile_batches = (board._start_batch, board._stop_batch)
             board._should_trace = False
         batches = getattr(board, "_tfdist_profile_batches", None)
         if batches is not None:
-            added.append(profiling.RankProfiler(board.log_dir, *batches, strategy.rank,
-                                                strategy.extended.communicator))
-    requested = profiling.profiler_from_environment(strategy.rank, strategy.extended.communicator)
+            added.append(rank_profiler.RankProfiler(board.log_dir, *batches, strategy.rank,
+                                                    strategy.extended.communicator))
+    requested = rank_profiler.profiler_from_environment(strategy.rank,
+                                                        strategy.extended.communicator)
     if requested is not None:
         added.append(requested)
     return callbacks + added

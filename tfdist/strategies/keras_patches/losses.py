@@ -63,7 +63,7 @@ def _install_global_loss_denominators():
         loss = reduce_weighted_values(values, sample_weight=sample_weight, mask=mask,
                                       reduction=reduction, dtype=dtype)
         step = replica_step.current()
-        if (step is None or step.scaled_by_user or step.remote_parameter_set is not None
+        if (step is None or step.scaled_by_user or step.plan.is_remote
                 or not in_multi_process_strategy()):
             return loss
         reduction = keras_loss_module.standardize_reduction(reduction)

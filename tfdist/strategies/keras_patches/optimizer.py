@@ -7,6 +7,7 @@ from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches.steps import scales_loss
+from tfdist.strategies.step_plan import DEFERRED, REMOTE
 
 
 def install():
@@ -18,7 +19,7 @@ def install():
     batch's gradient to match one process. tfdist aggregates at the entry of
     the outermost `apply` and marks the step so the inner all-reduce is skipped.
     In Keras' own `train_step` the whole `apply` waits for the end of the
-    step (`ReplicaStep.defers_updates`), where the gradients join the step's
+    step (a `DEFERRED` `StepPlan`), where the gradients join the step's
     one fused all-reduce.
     """
 
@@ -31,10 +32,10 @@ def install():
             grads = list(grads)
             variables = (trainable_variables if trainable_variables is not None
                          else self._trainable_variables)  # pylint: disable=protected-access
-            if step.remote_parameter_set is not None:  # asynchronous: the servers apply
+            if step.plan.updates == REMOTE:  # asynchronous: the servers apply
                 return strategy.extended.push_gradients(
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
-            if step.defers_updates:  # summed with the step's state at its end
+            if step.plan.updates == DEFERRED:  # summed with the step's state at its end
                 step.defer_update(replica_step.DeferredUpdate(
                     tuple(grads),
                     tuple(variables) if len(variables) == len(grads) else None,

@@ -1,32 +1,23 @@
-"""Communication measurements for Keras: the report behind the `tfdist/` scalars, and per-rank profiles.
+"""Communication measurements for Keras: the report behind the `tfdist/` scalars.
 
 `CommunicationReport` turns a strategy's in-graph counters
-(`tfdist.aggregation.counters`) into numbers per training step over an
+(`tfdist.profiling.counters`) into numbers per training step over an
 interval: it enables the counters (the training step is traced again once,
 with the timing ops in it) and reads them only when asked, so the steps
 between two reports add no host sync. `tfdist.callbacks.CommunicationMonitor`
 puts the numbers in the logs; `TensorBoardScalars`, which tfdist adds next
 to every `keras.callbacks.TensorBoard` (`keras_patches`), writes them into
 that callback's run directory as `tfdist/...` scalars at its `update_freq`.
-
-`RankProfiler` captures TensorFlow's profiler (the trace viewer's ops,
-tfdist's communication named `tfdist/<algorithm>/...`) on one rank for a
-range of training batches, into `<log_dir>/rank_<k>` - a TensorBoard run of
-its own per rank, shown in the profile tab. It serves a `TensorBoard`
-callback's `profile_batch` on every rank of a multi-process job and
-`tfdist-run --profile DIR --profile-steps A:B`.
 """
 
-import os
 import time
 
 import keras
 import tensorflow as tf
-from absl import logging
 
-from tfdist.aggregation.counters import measurements
-from tfdist.profile_request import (DEFAULT_PROFILE_STEPS, PROFILE_DIR_ENV, PROFILE_STEPS_ENV,
-                                    parse_profile_steps)
+from tfdist.profiling.counters import measurements
+from tfdist.profiling.names import CONFIGURATION_TAG, scalar_tag
+
 
 class CommunicationReport:
     """Communication per training step since the previous `take()` (see the module docstring).
@@ -95,7 +86,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
     rank must time its steps for the slowest-peer numbers); only the chief
     writes, into the same `train` run and at the same `update_freq` as
     Keras' own scalars: per batch N (step = the batch number) or per epoch
-    (step = the epoch). Also writes one text summary, `tfdist/configuration`.
+    (step = the epoch). Also writes one text summary, `tfdist/configuration`
+    (`names.CONFIGURATION_TAG`).
 
     Args:
         strategy: the model's tfdist strategy.
@@ -117,7 +109,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
         self._batch = 0
         if self._writes:
             with self._writer().as_default(), tf.summary.record_if(True):
-                tf.summary.text("tfdist/configuration", self._report.describe(), step=0)
+                tf.summary.text(CONFIGURATION_TAG, self._report.describe(), step=0)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch += 1
@@ -154,78 +146,7 @@ def scalars_summary(values):
     scalar = tf.make_tensor_proto(0.0, dtype=tf.float32)  # a float32 scalar's TensorProto
     return tf.compat.v1.Summary(value=[
         tf.compat.v1.Summary.Value(
-            tag=f"tfdist/{name}", metadata=metadata,
+            tag=scalar_tag(name), metadata=metadata,
             tensor=type(scalar)(dtype=scalar.dtype, tensor_shape=scalar.tensor_shape,
                                 float_val=[value]))
         for name, value in values.items()]).SerializeToString()
-
-
-class RankProfiler(keras.callbacks.Callback):
-    """Profile training batches `first`..`last` (from 1 in each `fit`) into `<log_dir>/rank_<k>`.
-
-    The same batches as `keras.callbacks.TensorBoard(profile_batch=(first,
-    last))` would profile; each batch is marked as a training step for the
-    profile tools. A profiler that cannot start (another one is running)
-    is reported and training goes on.
-
-    The communicator's engine timeline (Horovod's, which the TensorFlow
-    profiler cannot see) is recorded over the same batches.
-
-    Args:
-        log_dir: the directory holding one run per rank.
-        first, last: the batch range, inclusive.
-        rank: this process's rank.
-        communicator: the strategy's communicator.
-    """
-
-    def __init__(self, log_dir, first, last, rank, communicator):
-        super().__init__()
-        self._communicator = communicator
-        self.log_dir = os.path.join(str(log_dir), f"rank_{rank}")
-        self.first, self.last = int(first), int(last)
-        self._batch = 0
-        self._profiling = False
-        self._step_trace = None
-
-    def on_train_begin(self, logs=None):
-        self._batch = 0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._batch += 1
-        if self._batch == self.first and not self._profiling:
-            try:
-                os.makedirs(self.log_dir, exist_ok=True)
-                tf.profiler.experimental.start(self.log_dir)
-                self._profiling = True
-                self._communicator.start_engine_timeline(self.log_dir)
-            except Exception as error:  # pylint: disable=broad-except
-                logging.error("tfdist: the profiler did not start for %s: %s", self.log_dir, error)
-        if self._profiling:
-            self._step_trace = tf.profiler.experimental.Trace(
-                "TraceContext", graph_type="train", step_num=self._batch)
-            self._step_trace.__enter__()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self._step_trace is not None:
-            self._step_trace.__exit__(None, None, None)
-            self._step_trace = None
-        if self._profiling and self._batch >= self.last:
-            self._stop()
-
-    def on_train_end(self, logs=None):
-        self._stop()
-
-    def _stop(self):
-        if self._profiling:
-            self._profiling = False
-            self._communicator.stop_engine_timeline()
-            tf.profiler.experimental.stop()
-
-
-def profiler_from_environment(rank, communicator):
-    """The `RankProfiler` that `tfdist-run --profile` asked for (environment), or None."""
-    log_dir = os.environ.get(PROFILE_DIR_ENV)
-    if not log_dir:
-        return None
-    first, last = parse_profile_steps(os.environ.get(PROFILE_STEPS_ENV, DEFAULT_PROFILE_STEPS))
-    return RankProfiler(log_dir, first, last, rank, communicator)

@@ -1,14 +1,15 @@
 """In-graph counters of one process's communication: time, bytes, and waiting for stragglers.
 
 What `tfdist.callbacks.CommunicationMonitor` and the `tfdist/` TensorBoard
-scalars report. Every communication of a training step (the aggregation
-hook's buckets, gathered sparse gradients, the asynchronous parameter
-server's pulls and pushes) runs inside `CommunicationCounters.timed`, which
-takes `tf.timestamp()` when the inputs are ready and again when the outputs
-are, and adds the difference, the bucket's size and the bytes this rank
-sends to variables - inside the compiled step, with no host sync; a reader
-reads the variables (`snapshot`, one sync) only when it logs. Steps traced
-while the counters are disabled contain none of this.
+scalars report (`tfdist.profiling.report`). Every communication of a
+training step (the aggregation hook's buckets, gathered sparse gradients,
+the asynchronous parameter server's pulls and pushes) runs inside
+`CommunicationCounters.timed`, which takes `tf.timestamp()` when the inputs
+are ready and again when the outputs are, and adds the difference, the
+bucket's size and the bytes this rank sends to variables - inside the
+compiled step, with no host sync; a reader reads the variables (`snapshot`,
+one sync) only when it logs. Steps traced while the counters are disabled
+contain none of this.
 
 Waiting for the slowest peer, without synchronized clocks: a collective
 returns on rank k after the last rank arrived, so rank k's time in
@@ -30,9 +31,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-# The counters' own ops: outside every `tfdist/...` scope, so traces never count them as
-# communication.
-SCOPE = "tfdist_counters/"
+from tfdist.profiling.names import COUNTERS_SCOPE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,13 +106,15 @@ class CommunicationCounters:
         """
         if not self.active:
             return run()
+        # The counters' own ops run outside every `tfdist/...` scope, so traces never count
+        # them as communication.
         ready = [t for t in tf.nest.flatten(inputs) if isinstance(t, (tf.Tensor, tf.Variable))]
-        with tf.name_scope(SCOPE), tf.control_dependencies(ready):
+        with tf.name_scope(COUNTERS_SCOPE), tf.control_dependencies(ready):
             start = tf.timestamp()
         with tf.control_dependencies([start]):
             outputs = run()  # in the caller's scope, tfdist/<algorithm>/...
         done = [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
-        with tf.name_scope(SCOPE):
+        with tf.name_scope(COUNTERS_SCOPE):
             with tf.control_dependencies(done):
                 elapsed = tf.timestamp() - start
             self._per_call.assign_add(tf.stack([
@@ -125,7 +126,7 @@ class CommunicationCounters:
     def count_server_bytes(self, by_server):
         """Add the bytes this rank sends each parameter server (a list of K numbers; when active)."""
         if self.active and self.num_servers:
-            with tf.name_scope(SCOPE):
+            with tf.name_scope(COUNTERS_SCOPE):
                 self._server_bytes.assign_add(tf.constant(by_server, tf.float64))
 
     def add_host_seconds(self, seconds):
@@ -142,7 +143,7 @@ class CommunicationCounters:
         """
         if not self.active:
             return tf.zeros([self.world_size], tf.float32)
-        with tf.name_scope(SCOPE):
+        with tf.name_scope(COUNTERS_SCOPE):
             previous = self._step_seconds.read_value()
             with tf.control_dependencies([previous]):
                 self._step_seconds.assign(tf.zeros([], tf.float64))
@@ -153,7 +154,7 @@ class CommunicationCounters:
         """Count the step, and the previous step's wait and slowest rank from every rank's seconds."""
         if not self.active:
             return
-        with tf.name_scope(SCOPE):
+        with tf.name_scope(COUNTERS_SCOPE):
             self._absorb(summed)
 
     def _absorb(self, summed):
@@ -168,7 +169,7 @@ class CommunicationCounters:
     def count_step(self):
         """Count a training step that has no first all-reduce (asynchronous workers)."""
         if self.active:
-            with tf.name_scope(SCOPE):
+            with tf.name_scope(COUNTERS_SCOPE):
                 self._per_step.assign_add(tf.constant([1.0, 0.0, 0.0], tf.float64))
 
     # ----------------------------------------------------------- reading

@@ -1,7 +1,7 @@
 """A merged timeline of every rank's communication, and how much of it computation hides.
 
 Usage:
-    python -m tfdist.launch.timeline LOG_DIR [--steps A:B]
+    python -m tfdist.profiling.timeline LOG_DIR [--steps A:B]
 
 (`tfdist-run --profile LOG_DIR` runs it when the job ends.) It plays the
 Horovod timeline's role, from TensorFlow's own profiles: it reads the newest
@@ -20,16 +20,16 @@ profile of every rank, `LOG_DIR/rank_<k>/plugins/profile/<run>/*.xplane.pb`
 * `tfdist_overlap.png` (with matplotlib): those numbers as bars per rank.
 
 Classification: an op event (`<node name>:<op type>`) whose node name has a
-`tfdist/` scope is communication (every tfdist communication runs under
-one, `tfdist.aggregation.base`); tfdist's own counters (`tfdist_counters/`)
-are reported apart; every other op event is computation. The TensorFlow
-profiler does not see Horovod's ops: under the Horovod engine the profile
-comes with Horovod's own timeline (rank 0's `horovod_timeline.json`:
-every tensor's negotiation and execution, and each rank's arrival when
-Horovod's response cache is off), which is merged in: rank 0's
-communication is its spans; the other ranks' is not recorded.
-Timestamps are each host's clock: ranks on one machine align exactly,
-ranks on several machines up to their clocks' offset.
+`tfdist/<algorithm>/<phase>` scope is communication (every tfdist
+communication runs under one; `tfdist.profiling.names` builds and parses
+them); tfdist's own counters (`tfdist_counters/`) are reported apart; every
+other op event is computation. The TensorFlow profiler does not see
+Horovod's ops: under the Horovod engine the profile comes with Horovod's own
+timeline (rank 0's `horovod_timeline.json`: every tensor's negotiation and
+execution, and each rank's arrival when Horovod's response cache is off),
+which is merged in: rank 0's communication is its spans; the other ranks' is
+not recorded. Timestamps are each host's clock: ranks on one machine align
+exactly, ranks on several machines up to their clocks' offset.
 """
 
 import argparse
@@ -40,27 +40,22 @@ import os
 import re
 import sys
 
-from tfdist import profile_request
+from tfdist.profiling import names
+from tfdist.profiling.names import (FIGURE_FILE, HOROVOD_TIMELINE_FILE, OVERLAP_FILE,
+                                    TIMELINE_FILE)
 
 # "<node name>:<op type>"; not the collective runtime's "ReceiveValue:0" (inside its op's span)
 _OP_EVENT = re.compile(r"^(?P<node>[^:\s]+):(?P<type>[A-Za-z_][A-Za-z0-9_]*)$")
-_PHASE = re.compile(r"(?:^|/)(tfdist/[^/]+/[^/]+)/")
-_STEP_EVENT = "TraceContext"
-_COUNTERS = "tfdist_counters/"  # tfdist.aggregation.counters.SCOPE
-TIMELINE_FILE = "tfdist_timeline.json"
-OVERLAP_FILE = "tfdist_overlap.json"
-FIGURE_FILE = "tfdist_overlap.png"
-HOROVOD_TIMELINE_FILE = "horovod_timeline.json"  # tfdist.comm.horovod.HOROVOD_TIMELINE_FILE
 
 
 def newest_profiles(log_dir):
     """{rank: path of its newest .xplane.pb} under `log_dir`/rank_<k>."""
     found = {}
-    for rank_dir in glob.glob(os.path.join(log_dir, "rank_*")):
-        match = re.fullmatch(r"rank_(\d+)", os.path.basename(rank_dir))
+    for rank_dir in glob.glob(names.rank_run_dir(log_dir, "*")):
+        rank = names.rank_of_run(rank_dir)
         runs = sorted(glob.glob(os.path.join(rank_dir, "plugins", "profile", "*", "*.xplane.pb")))
-        if match and runs:
-            found[int(match.group(1))] = runs[-1]
+        if rank is not None and runs:
+            found[rank] = runs[-1]
     return dict(sorted(found.items()))
 
 
@@ -88,7 +83,7 @@ def read_events(path):
                 name = plane.event_metadata[event.metadata_id].name
                 start = origin + line.timestamp_ns + event.offset_ps // 1000
                 end = start + max(event.duration_ps // 1000, 1)
-                if name == _STEP_EVENT:
+                if name == names.STEP_TRACE:
                     number = next((s.int64_value or s.uint64_value for s in event.stats
                                    if s.metadata_id == step_stat), None)
                     if number is not None:
@@ -97,11 +92,11 @@ def read_events(path):
                 op = _OP_EVENT.match(name)
                 if op is None:
                     continue
-                phase = _PHASE.search(op.group("node") + "/")
-                if _COUNTERS in op.group("node"):
+                phase = names.phase_of(op.group("node"))
+                if names.is_counter_op(op.group("node")):
                     instrumentation.append((start, end))
                 elif phase:
-                    communication.append((start, end, phase.group(1), op.group("type")))
+                    communication.append((start, end, phase, op.group("type")))
                 else:
                     computation.append((start, end))
     return sorted(steps), sorted(computation), sorted(communication), sorted(instrumentation)
@@ -131,8 +126,7 @@ def read_horovod_timeline(path):
 
     def phase_of(pid):
         tensor = tensors.get(pid, "")
-        found = _PHASE.search(tensor + "/")
-        return found.group(1) if found else f"horovod/{tensor}"
+        return names.phase_of(tensor) or f"horovod/{tensor}"
 
     stacks, spans, arrivals = collections.defaultdict(list), set(), []
     for event in events:
@@ -204,7 +198,7 @@ def analyse(log_dir, steps=None):
     per_rank = {rank: read_events(path) for rank, path in profiles.items()}
     horovod = {}
     for rank, path in profiles.items():
-        engine_timeline = os.path.join(log_dir, f"rank_{rank}", HOROVOD_TIMELINE_FILE)
+        engine_timeline = os.path.join(names.rank_run_dir(log_dir, rank), HOROVOD_TIMELINE_FILE)
         if os.path.exists(engine_timeline):
             horovod[rank] = read_horovod_timeline(engine_timeline)
             spans = horovod[rank][0]
@@ -323,7 +317,7 @@ def main(argv=None):
                         help="training steps to keep, 'A:B' (default: every profiled step)")
     args = parser.parse_args(argv)
     try:
-        steps = profile_request.parse_profile_steps(args.steps) if args.steps else None
+        steps = names.parse_profile_steps(args.steps) if args.steps else None
     except ValueError as error:
         parser.error(f"--steps: {error}")
     try:
