@@ -130,8 +130,10 @@ class Aggregator(abc.ABC):
     `weights_gradients_first` is True for a hook that must see each rank's
     gradient weighted by its share of the global batch (a compressor); by
     default the share weights are applied after the sum (`step_sum`).
-    `variables` is the hook's state across steps (tf.Variables): saved and
-    restored with the model and equal on every rank.
+    `variables` is the hook's state across steps, created by `build` as
+    variables of the model's optimizer, so that it is broadcast from rank 0
+    when created and saved and restored with the optimizer's own (a
+    `ModelCheckpoint`, `BackupAndRestore`, `model.save`).
     """
 
     name = "abstract"
@@ -150,8 +152,21 @@ class Aggregator(abc.ABC):
 
     @property
     def variables(self):
-        """The algorithm's state across steps (tf.Variables; none by default)."""
+        """The algorithm's state across steps (variables; none by default)."""
         return []
+
+    def build(self, optimizer, variables):
+        """Create the state the hook keeps for the gradients of `variables` (none by default).
+
+        Called when Keras builds `optimizer` for `variables` (before the
+        first step, and before a checkpoint is restored into it). State is
+        created with `optimizer.add_variable_from_reference(variable, name)`
+        (or `add_variable`): it is then one of the optimizer's variables,
+        created under the strategy's scope (rank 0's initial value on every
+        rank) and saved and restored with the optimizer's slots. A variable
+        built before (an optimizer wrapping another) is skipped.
+        """
+        del optimizer, variables
 
     def all_reduce(self, tensors, variables=None, roles=EXACT):
         """Sum `tensors` across ranks: one new bucket per group of `bucket_positions`.

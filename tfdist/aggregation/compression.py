@@ -12,8 +12,10 @@ carries the bucket's exact tensors, so a step still makes one collective
 call where the compressor makes one exchange.
 
 A compressor may keep state across steps (residuals for error feedback, a
-warm-started factor): its tf.Variables are `Compressor.variables`, which
-the wrapper reports as `Aggregator.variables`.
+warm-started factor): it creates it in `build`, as variables of the model's
+optimizer (so it is broadcast from rank 0 when created, and saved and
+restored with the optimizer's slots), and lists it in `variables`, which the
+wrapper reports as `Aggregator.variables`.
 
 `FP16Compression` casts floating-point gradients wider than 16 bits to
 float16 before the exchange and back to their dtype after, halving the
@@ -40,15 +42,21 @@ class Compressor(abc.ABC):
     """How gradients are summed across ranks through fewer bytes; see the module docstring.
 
     Subclasses set `name` and implement `reduce`; a stateful one also
-    `variables`, and one that cannot run on every algorithm `check_supported`.
+    `build` and `variables`, and one that cannot run on every algorithm
+    `check_supported`.
     """
 
     name = "abstract"
 
     @property
     def variables(self):
-        """The compressor's state across steps (tf.Variables; none by default)."""
+        """The compressor's state across steps (variables; none by default)."""
         return []
+
+    def build(self, optimizer, variables):
+        """Create state for the gradients of `variables` as `optimizer`'s variables
+        (`Aggregator.build`: saved, restored and broadcast with them); none by default."""
+        del optimizer, variables
 
     def check_supported(self, aggregator):
         """Raise ValueError naming both if this compressor cannot run on `aggregator`."""
@@ -138,6 +146,7 @@ class CompressedAggregator(Aggregator):
         self.num_servers = inner.num_servers
         self.bucket_bytes = inner.bucket_bytes
         self.first_bucket_bytes = inner.first_bucket_bytes
+        self._built = set()  # ids of the variables the compressor built state for
 
     @property
     def compression_name(self):
@@ -156,6 +165,12 @@ class CompressedAggregator(Aggregator):
         # Only the inner algorithm's exchanges are timed: they carry the wire bytes.
         if hasattr(self, "inner"):
             self.inner.counters = counters
+
+    def build(self, optimizer, variables):
+        new = [v for v in variables if id(v) not in self._built]
+        self._built.update(id(v) for v in new)
+        if new:
+            self.compressor.build(optimizer, new)
 
     def __getattr__(self, name):
         if name == "inner":  # not set yet (during __init__)

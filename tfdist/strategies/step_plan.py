@@ -61,10 +61,6 @@ class StepPlan:
             raise ValueError("a step whose loss the user scales is not Keras' own train_step")
 
     @property
-    def defers_updates(self):
-        return self.updates == DEFERRED
-
-    @property
     def is_remote(self):
         return self.updates == REMOTE
 

@@ -77,6 +77,11 @@ def _keras_changes():
         "LossScaleOptimizer.apply(grads, trainable_variables)": lambda: (
             _parameters(LossScaleOptimizer.apply)[:3] == ["self", "grads",
                                                           "trainable_variables"]),
+        "BaseOptimizer.build(variables) / add_variable_from_reference(reference_variable, "
+        "name)": lambda: (
+            _parameters(BaseOptimizer.build)[:2] == ["self", "variables"]
+            and _parameters(BaseOptimizer.add_variable_from_reference)[:3] == [
+                "self", "reference_variable", "name"]),
         "BaseOptimizer.scale_loss(loss)": lambda: (
             _parameters(BaseOptimizer.scale_loss) == ["self", "loss"]),
         "BaseOptimizer._learning_rate / _trainable_variables": lambda: (

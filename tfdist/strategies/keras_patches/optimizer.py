@@ -1,5 +1,7 @@
 """Optimizers: the global gradient reaches `apply` before anything else touches it."""
 
+import functools
+
 import tensorflow as tf
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
@@ -20,7 +22,9 @@ def install():
     the outermost `apply` and marks the step so the inner all-reduce is skipped.
     In Keras' own `train_step` the whole `apply` waits for the end of the
     step (a `DEFERRED` `StepPlan`), where the gradients join the step's
-    one fused all-reduce.
+    one fused all-reduce. When Keras builds an optimizer, the strategy's
+    aggregation hook builds its state for the same variables, as variables
+    of that optimizer (`Aggregator.build`).
     """
 
     def aggregating(original):
@@ -60,9 +64,21 @@ def install():
 
         return scale_loss
 
+    def with_aggregator_state(original):
+        @functools.wraps(original)  # check_keras reads the original through it
+        def build(self, variables):
+            original(self, variables)
+            strategy = tf.distribute.get_strategy()
+            if getattr(strategy, "is_tfdist_data_parallel", False):
+                strategy.extended.aggregator.build(self, list(variables))
+
+        return build
+
     for optimizer_class in (BaseOptimizer, LossScaleOptimizer):
         optimizer_class.apply = aggregating(optimizer_class.apply)
         optimizer_class.scale_loss = share_weighted(optimizer_class.scale_loss)
+    # The aggregation hook's state is built with the optimizer's (Aggregator.build).
+    BaseOptimizer.build = with_aggregator_state(BaseOptimizer.build)
 
     all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
 

@@ -1,0 +1,89 @@
+"""Worker script: a compressor's state is built with the optimizer, from rank 0, and saved with it.
+
+Usage: python aggregator_state.py OUT_DIR train|load   (under `tfdist-run -np P`)
+
+`ScaledFP16` sends each gradient as float16 after dividing it by a scale
+per variable, the largest magnitude of that variable's previous global
+gradient (the same on every rank): its state across steps. Each rank
+initialises its scales to 1 + rank on purpose; built under the strategy
+they must start as rank 0's value. `train` fits with a ModelCheckpoint
+(.keras) and writes OUT_DIR/<mode>.rank<r>.npz with the scales right after
+they were built and after fit; `load` loads the checkpoint under the
+strategy and writes the scales it restored.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfdist  # noqa: E402
+from tfdist.aggregation.compression import Compressor  # noqa: E402
+
+
+class ScaledFP16(Compressor):
+    name = "scaled-fp16"
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.scales = {}  # id(variable) -> its scale (a variable of the optimizer)
+        self.built_values = None
+
+    @property
+    def variables(self):
+        return list(self.scales.values())
+
+    def build(self, optimizer, variables):
+        for variable in variables:
+            self.scales[id(variable)] = optimizer.add_variable(
+                (), initializer=keras.initializers.Constant(1.0 + self.rank),
+                name=f"wire_scale_{len(self.scales)}")
+        self.built_values = [float(s.numpy()) for s in self.scales.values()]
+
+    def reduce(self, gradients, variables, exchange):
+        scales = [self.scales[id(v)] for v in variables]
+        wire = [tf.cast(g / s, tf.float16) for g, s in zip(gradients, scales)]
+        summed = [tf.cast(w, g.dtype) * s for w, g, s in zip(exchange(wire), gradients, scales)]
+        updates = [s.assign(tf.maximum(tf.reduce_max(tf.abs(total)), 1e-6))
+                   for s, total in zip(scales, summed)]
+        with tf.control_dependencies(updates):
+            return [tf.identity(total) for total in summed]
+
+
+def main():
+    out, mode = sys.argv[1], sys.argv[2]
+    rank = int(os.environ.get("TFDIST_RANK", "0"))
+    compressor = ScaledFP16(rank)
+    strategy = tfdist.strategies.RingAllReduceStrategy(compression=compressor)
+    checkpoint = os.path.join(out, "model.keras")
+    with strategy.scope():
+        if mode == "train":
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        else:
+            model = keras.saving.load_model(checkpoint)
+    if mode == "train":
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(96, 6)).astype("float32")
+        y = x.sum(axis=1, keepdims=True)
+        model.fit(x, y, batch_size=32, epochs=2, verbose=0,
+                  callbacks=[keras.callbacks.ModelCheckpoint(checkpoint)])
+    state = strategy.extended.aggregator.variables
+    if mode == "train":
+        np.savez(os.path.join(out, f"train.rank{strategy.rank}.npz"),
+                 built=np.float32(compressor.built_values),
+                 after_fit=np.float32([s.numpy() for s in state]))
+    else:  # load_model built the optimizer, and with it the state, then restored both
+        np.savez(os.path.join(out, f"load.rank{strategy.rank}.npz"),
+                 built=np.float32(compressor.built_values),
+                 loaded=np.float32([s.numpy() for s in state]))
+    print(f"rank {strategy.rank} aggregator state: {len(state)} variables", flush=True)
+
+
+if __name__ == "__main__":
+    main()
