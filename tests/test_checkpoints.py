@@ -62,17 +62,20 @@ def test_a_kill_mid_save_never_leaves_a_torn_file(tmp_path):
 
 def test_a_compressors_state_starts_from_rank_zero_and_is_saved_with_the_model(tmp_path):
     """`Aggregator.build`: state created with the optimizer's variables (broadcast from rank
-    0 although each rank initialises it differently), saved by ModelCheckpoint and restored
-    by load_model under the strategy, the same on every rank."""
-    for mode in ("train", "load"):
+    0 although each rank initialises it differently), saved by ModelCheckpoint and
+    save_weights (what BackupAndRestore calls) and restored by load_model and load_weights
+    under the strategy, the same on every rank."""
+    for mode in ("train", "load", "load_weights"):
         done = tfdist_run(2, [script("aggregator_state.py"), str(tmp_path), mode], timeout=300)
         assert done.returncode == 0, failure_report(done)
         assert "aggregator state: 4 variables" in done.stdout
     trained = [np.load(tmp_path / f"train.rank{r}.npz") for r in range(2)]
-    loaded = [np.load(tmp_path / f"load.rank{r}.npz") for r in range(2)]
+    loaded = [np.load(tmp_path / f"{mode}.rank{r}.npz") for mode in ("load", "load_weights")
+              for r in range(2)]
     for rank in range(2):
         np.testing.assert_array_equal(trained[rank]["built"], [1.0] * 4)  # rank 0's value
         np.testing.assert_array_equal(trained[rank]["after_fit"], trained[0]["after_fit"])
-        np.testing.assert_array_equal(loaded[rank]["built"], [1.0] * 4)
-        np.testing.assert_array_equal(loaded[rank]["loaded"], trained[0]["after_fit"])
+    for restored in loaded:
+        np.testing.assert_array_equal(restored["built"], [1.0] * 4)
+        np.testing.assert_array_equal(restored["loaded"], trained[0]["after_fit"])
     assert not np.allclose(trained[0]["after_fit"], 1.0)  # training changed the state

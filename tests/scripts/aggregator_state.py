@@ -1,6 +1,6 @@
 """Worker script: a compressor's state is built with the optimizer, from rank 0, and saved with it.
 
-Usage: python aggregator_state.py OUT_DIR train|load   (under `tfdist-run -np P`)
+Usage: python aggregator_state.py OUT_DIR train|load|load_weights   (under `tfdist-run -np P`)
 
 `ScaledFP16` sends each gradient as float16 after dividing it by a scale
 per variable, the largest magnitude of that variable's previous global
@@ -8,8 +8,11 @@ gradient (the same on every rank): its state across steps. Each rank
 initialises its scales to 1 + rank on purpose; built under the strategy
 they must start as rank 0's value. `train` fits with a ModelCheckpoint
 (.keras) and writes OUT_DIR/<mode>.rank<r>.npz with the scales right after
-they were built and after fit; `load` loads the checkpoint under the
-strategy and writes the scales it restored.
+they were built and after fit, and saves the weights as BackupAndRestore
+does (`save_weights`); `load` loads the checkpoint under the strategy, and
+`load_weights` builds a new model's optimizer (as fit does before
+BackupAndRestore restores) and loads the weights into it; both write the
+scales they restored.
 """
 
 import os
@@ -60,26 +63,31 @@ def main():
     compressor = ScaledFP16(rank)
     strategy = tfdist.strategies.RingAllReduceStrategy(compression=compressor)
     checkpoint = os.path.join(out, "model.keras")
+    weights = os.path.join(out, "model.weights.h5")
     with strategy.scope():
-        if mode == "train":
+        if mode == "load":
+            model = keras.saving.load_model(checkpoint)
+        else:
             model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
                                       keras.layers.Dense(1)])
             model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-        else:
-            model = keras.saving.load_model(checkpoint)
+        if mode == "load_weights":
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(weights)
     if mode == "train":
         rng = np.random.default_rng(0)
         x = rng.normal(size=(96, 6)).astype("float32")
         y = x.sum(axis=1, keepdims=True)
         model.fit(x, y, batch_size=32, epochs=2, verbose=0,
                   callbacks=[keras.callbacks.ModelCheckpoint(checkpoint)])
+        model.save_weights(weights)
     state = strategy.extended.aggregator.variables
     if mode == "train":
         np.savez(os.path.join(out, f"train.rank{strategy.rank}.npz"),
                  built=np.float32(compressor.built_values),
                  after_fit=np.float32([s.numpy() for s in state]))
     else:  # load_model built the optimizer, and with it the state, then restored both
-        np.savez(os.path.join(out, f"load.rank{strategy.rank}.npz"),
+        np.savez(os.path.join(out, f"{mode}.rank{strategy.rank}.npz"),
                  built=np.float32(compressor.built_values),
                  loaded=np.float32([s.numpy() for s in state]))
     print(f"rank {strategy.rank} aggregator state: {len(state)} variables", flush=True)
