@@ -12,8 +12,10 @@ import pytest
 import tensorflow as tf
 
 from tfdist.aggregation.base import EXACT, GRADIENT, ROWS
-from tfdist.aggregation.compression import Compressor, with_compression
+from tfdist.aggregation.compression import Compressor
+from tfdist.aggregation.compressors import with_compression
 from tfdist.aggregation.ring import RingAllReduceAggregator
+from tfdist.aggregation.topk import TopK
 from tfdist.aggregation.tree import ReductionTreeAggregator
 from tfdist.comm.simulated import SimulationError, as_numpy, simulate
 
@@ -136,10 +138,10 @@ class SplitExchangeCompressor(Compressor):
     def __init__(self):
         self.seen = []
 
-    def reduce(self, gradients, variables, exchange):
+    def reduce(self, gradients, variables, wire):
         self.seen.append([tuple(g.shape) for g in gradients])
         half = len(gradients) // 2
-        return exchange(gradients[:half]) + exchange(gradients[half:])
+        return wire.sum(gradients[:half]) + wire.sum(gradients[half:])
 
 
 COMPRESSED = {
@@ -191,3 +193,61 @@ def test_a_compressor_sees_only_gradients_and_state_stays_exact(name, world_size
 def test_an_unknown_compressor_object_is_a_clear_error():
     with pytest.raises(SimulationError, match="must be a name or a .*Compressor"):
         simulate(1, lambda comm: with_compression(ALGORITHMS["ring"](comm), object()))
+
+
+def topk_step(comm, ratio, steps, algorithm="ring_one_bucket"):
+    """`steps` all-reduces of rank-dependent gradients through TopK(ratio) on `algorithm`:
+    each step's sums, and this rank's gradients and residuals."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    compressor = TopK(ratio)
+    aggregator = with_compression(ALGORITHMS[algorithm](comm), compressor)
+    variables = [keras.Variable(np.zeros(shape, "float32"), name=f"v{i}")
+                 for i, shape in enumerate(SHAPES)]
+    aggregator.build(keras.optimizers.SGD(), variables)
+    sums, gradients = [], []
+    for step in range(steps):
+        mine = [tf.constant(t) for t in rank_tensors(comm.rank + 10 * step)]
+        gradients.append(mine)
+        sums.append(aggregator.all_reduce(mine, variables, roles=GRADIENT))
+    return sums, gradients, [r.numpy() for r in compressor.variables]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("ratio", [0.1, 0.5])
+def test_topk_loses_nothing_sent_plus_residuals_is_every_gradient(world_size, ratio):
+    """Error feedback's invariant: over any number of steps, the sums received plus the
+    residuals every rank still holds equal the sum of every gradient; ranks agree bit for bit."""
+    results = simulate(world_size, lambda comm: topk_step(comm, ratio, steps=3))
+    for position, shape in enumerate(SHAPES):
+        received = sum(np.asarray(s[position], "float64") for s in results[0][0])
+        held = sum(np.asarray(r[2][position], "float64") for r in results)
+        every = sum(np.asarray(g[position], "float64") for r in results for g in r[1])
+        np.testing.assert_allclose(received + held, every, rtol=1e-5, atol=1e-5)
+        for rank in range(world_size):
+            for step in range(3):
+                np.testing.assert_array_equal(results[rank][0][step][position],
+                                              results[0][0][step][position])
+        size = int(np.prod(shape))
+        sent = TopK(ratio).entries_sent(size)
+        for _, _, residuals in results:  # after its last step a rank holds back the rest
+            assert np.count_nonzero(residuals[position]) <= size - sent
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree_fanout2"])
+def test_topk_with_ratio_one_is_the_exact_sum(algorithm):
+    results = simulate(3, lambda comm: topk_step(comm, 1.0, steps=2, algorithm=algorithm))
+    for step in range(2):
+        want = exact_sums(3) if step == 0 else [
+            sum(np.asarray(rank_tensors(r + 10)[i], "float64") for r in range(3))
+            for i in range(len(SHAPES))]
+        for sums, _, residuals in results:
+            for got, expected in zip(sums[step], want):
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+            assert all(not np.any(r) for r in residuals)
+
+
+def test_a_ratio_outside_zero_one_is_a_clear_error():
+    for ratio in (0, 1.5, -0.1, True, "1%"):
+        with pytest.raises(ValueError, match="TopK ratio must be a number in"):
+            TopK(ratio)

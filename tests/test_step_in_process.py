@@ -171,7 +171,7 @@ def test_local_state_becomes_what_one_process_holds(split):
 def test_global_gradients_are_what_one_process_computes(split, compression):
     """Dense gradients share-weighted (fused, or compressed after weighting), sparse slices
     of indices every rank shares summed once, None kept - the one gradient path."""
-    from tfdist.aggregation.compression import with_compression  # pylint: disable=C0415
+    from tfdist.aggregation.compressors import with_compression  # pylint: disable=C0415
     from tfdist.profiling.counters import CommunicationCounters  # pylint: disable=C0415
     from tfdist.strategies import replica_step  # pylint: disable=C0415
     from tfdist.strategies.global_gradients import GlobalGradients  # pylint: disable=C0415

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.aggregation.compression import FP16Compression, get_compressor
+from tfdist.aggregation.compression import FP16Compression
+from tfdist.aggregation.compressors import get_compressor
 from tfdist.aggregation.fusion import FusionPlan, reverse_order_buckets
 from tfdist.strategies.sharding import shard_global_batch
 
@@ -70,13 +71,16 @@ def test_any_global_batch_splits_into_contiguous_slices_even_empty_ones():
 def test_fp16_compression_sends_floats_as_half_and_restores_their_dtype():
     sent = []
 
-    def exchange(wire):  # one process: the sum over ranks is the tensor itself
-        sent.extend(wire)
-        return wire
+    class OneProcessWire:  # one process: the sum over ranks is the tensor itself
+        @staticmethod
+        def sum(tensors):
+            sent.extend(tensors)
+            return tensors
 
     value = tf.constant([1.0, 2.5, -3.0], tf.float32)
     counts = tf.constant([3, 4], tf.int64)
-    restored, same_counts = FP16Compression().reduce([value, counts], [None, None], exchange)
+    restored, same_counts = FP16Compression().reduce([value, counts], [None, None],
+                                                       OneProcessWire())
     assert [t.dtype for t in sent] == [tf.float16, tf.int64]
     assert restored.dtype == tf.float32
     np.testing.assert_array_equal(restored.numpy(), value.numpy())

@@ -47,10 +47,10 @@ class ScaledFP16(Compressor):
                 name=f"wire_scale_{len(self.scales)}")
         self.built_values = [float(s.numpy()) for s in self.scales.values()]
 
-    def reduce(self, gradients, variables, exchange):
+    def reduce(self, gradients, variables, wire):
         scales = [self.scales[id(v)] for v in variables]
-        wire = [tf.cast(g / s, tf.float16) for g, s in zip(gradients, scales)]
-        summed = [tf.cast(w, g.dtype) * s for w, g, s in zip(exchange(wire), gradients, scales)]
+        wire_values = [tf.cast(g / s, tf.float16) for g, s in zip(gradients, scales)]
+        summed = [tf.cast(w, g.dtype) * s for w, g, s in zip(wire.sum(wire_values), gradients, scales)]
         updates = [s.assign(tf.maximum(tf.reduce_max(tf.abs(total)), 1e-6))
                    for s, total in zip(scales, summed)]
         with tf.control_dependencies(updates):

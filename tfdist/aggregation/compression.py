@@ -4,18 +4,23 @@
 bucket it hands the `Compressor` only the tensors whose role is `GRADIENT`
 (`base.Bucket.roles`); exact state (metric state, layer statistics, raw
 logs, the profiling vector) and the row count `ROWS`, on which the share
-weights depend, are summed exactly. The compressor sums its gradients
-through `exchange(wire_tensors)` - a sum over ranks by the inner algorithm,
-counted at the bytes actually sent - as many times as its algorithm needs
-(fp16: once; a low-rank scheme: once per factor). The first exchange also
-carries the bucket's exact tensors, so a step still makes one collective
-call where the compressor makes one exchange.
+weights depend, are summed exactly. The compressor moves its gradients
+through a `Wire`: `wire.sum(tensors)` - a sum over ranks by the inner
+algorithm - as many times as its algorithm needs (fp16: once; a low-rank
+scheme: once per factor), and `wire.gather(tensor)` - every rank's tensor of
+one static shape, stacked (`Communicator.all_gather_equal`: top-k's indices
+and values), both timed and counted at the bytes actually sent. The first
+sum also carries the bucket's exact tensors (they are summed on their own
+when the compressor only gathers), so a step still makes one collective
+call where the compressor makes one sum.
 
 A compressor may keep state across steps (residuals for error feedback, a
 warm-started factor): it creates it in `build`, as variables of the model's
 optimizer (so it is broadcast from rank 0 when created, and saved and
 restored with the optimizer's slots), and lists it in `variables`, which the
-wrapper reports as `Aggregator.variables`.
+wrapper reports as `Aggregator.variables`. Such state is the rank's own (a
+residual is this rank's compression error): the strategy never averages it
+across ranks as it does other non-trainable variables.
 
 `FP16Compression` casts floating-point gradients wider than 16 bits to
 float16 before the exchange and back to their dtype after, halving the
@@ -35,7 +40,7 @@ import abc
 import tensorflow as tf
 
 from tfdist.aggregation.base import GRADIENT, Aggregator, Bucket
-from tfdist.profiling.names import algorithm_scope
+from tfdist.profiling.names import algorithm_scope, communication_scope
 
 
 class Compressor(abc.ABC):
@@ -63,15 +68,15 @@ class Compressor(abc.ABC):
         del aggregator
 
     @abc.abstractmethod
-    def reduce(self, gradients, variables, exchange):
+    def reduce(self, gradients, variables, wire):
         """The sums over ranks of `gradients` (same order, shapes and dtypes), every rank.
 
         Args:
             gradients: this rank's gradient tensors (static shapes), already
                 weighted by its share of the global batch.
             variables: the variable of each gradient, or None where unknown.
-            exchange: list of tensors -> their element-wise sums over ranks
-                (the inner algorithm; callable several times).
+            wire: the `Wire` to the other ranks (`sum`, `gather`; each
+                callable several times).
         """
 
     def wire_ratio(self, dtype):
@@ -89,42 +94,13 @@ class FP16Compression(Compressor):
     def _casts(tensor):
         return tensor.dtype.is_floating and tensor.dtype.size > 2
 
-    def reduce(self, gradients, variables, exchange):
+    def reduce(self, gradients, variables, wire):
         del variables
-        wire = [tf.cast(g, tf.float16) if self._casts(g) else g for g in gradients]
-        summed = exchange(wire)
+        summed = wire.sum([tf.cast(g, tf.float16) if self._casts(g) else g for g in gradients])
         return [tf.cast(s, g.dtype) if self._casts(g) else s for s, g in zip(summed, gradients)]
 
     def wire_ratio(self, dtype):
         return 2.0 / dtype.size if dtype.is_floating and dtype.size > 2 else 1.0
-
-
-COMPRESSORS = {"fp16": FP16Compression}
-
-
-def get_compressor(compression):
-    """The `Compressor` for `compression` (a name of `COMPRESSORS`, an instance), or None
-    for None / "none"."""
-    if compression is None or compression == "none":
-        return None
-    if isinstance(compression, str):
-        if compression not in COMPRESSORS:
-            raise ValueError(f"compression must be one of {sorted(COMPRESSORS) + ['none']} "
-                             f"or None. Got: {compression!r}")
-        return COMPRESSORS[compression]()
-    if isinstance(compression, Compressor):
-        return compression
-    raise ValueError("compression must be a name or a tfdist.aggregation.compression.Compressor. "
-                     f"Got: {compression!r}")
-
-
-def with_compression(aggregator, compression):
-    """`aggregator`, wrapped in a `CompressedAggregator` when `compression` names a compressor
-    and something goes on a wire (one process sends nothing: nothing to compress)."""
-    compressor = get_compressor(compression)
-    if compressor is None or not aggregator.communicates:
-        return aggregator
-    return CompressedAggregator(aggregator, compressor)
 
 
 class CompressedAggregator(Aggregator):
@@ -179,35 +155,14 @@ class CompressedAggregator(Aggregator):
 
     def _reduce_named(self, bucket):
         gradients = [p for p, role in enumerate(bucket.roles) if role == GRADIENT]
-        exact = [p for p, role in enumerate(bucket.roles) if role != GRADIENT]
         if not gradients:
             return self.inner._reduce_named(bucket)  # pylint: disable=protected-access
-        results = [None] * len(bucket.tensors)
-        rounds = []
-
-        def exchange(wire):
-            # The first exchange is the bucket (its index, its exact tensors carried along);
-            # a further one is a bucket of its own.
-            first = not rounds
-            rounds.append(len(wire))
-            carried = exact if first else []
-            wire_bucket = Bucket(
-                bucket.index if first else self._bucket_numbers.take(),
-                tuple(bucket.tensors[p] for p in carried) + tuple(wire),
-                tuple(bucket.variables[p] for p in carried) + (None,) * len(wire),
-                tuple(bucket.roles[p] for p in carried) + (GRADIENT,) * len(wire))
-            summed = self.inner._reduce_named(wire_bucket)  # pylint: disable=protected-access
-            for position, total in zip(carried, summed):
-                results[position] = total
-            return summed[len(carried):]
-
+        wire = Wire(self, bucket)
         with tf.name_scope(algorithm_scope(self.compressor.name)):
-            summed_gradients = self.compressor.reduce(
-                [bucket.tensors[p] for p in gradients],
-                [bucket.variables[p] for p in gradients], exchange)
-        if not rounds and exact:  # the compressor made no exchange: the exact tensors still go
-            exchange([])
-        for position, total in zip(gradients, summed_gradients):
+            summed = self.compressor.reduce([bucket.tensors[p] for p in gradients],
+                                            [bucket.variables[p] for p in gradients], wire)
+        results = wire.exact_results()
+        for position, total in zip(gradients, summed):
             results[position] = total
         return results
 
@@ -225,3 +180,52 @@ class CompressedAggregator(Aggregator):
 
     def close(self):
         self.inner.close()
+
+
+class Wire:
+    """What a compressor sends through, for one bucket (see the module docstring).
+
+    `sum(tensors)`: element-wise sums over ranks by the inner algorithm; the
+    first call carries the bucket's exact tensors along. `gather(tensor)`:
+    every rank's `tensor` (one static shape on all ranks) stacked, [P, ...].
+    """
+
+    def __init__(self, aggregator, bucket):
+        self._aggregator = aggregator
+        self._bucket = bucket
+        self._exact = [p for p, role in enumerate(bucket.roles) if role != GRADIENT]
+        self._results = [None] * len(bucket.tensors)
+        self._sums = 0
+
+    def sum(self, tensors):
+        """Element-wise sums over ranks of `tensors` (a list), through the inner algorithm."""
+        bucket, first = self._bucket, self._sums == 0
+        self._sums += 1
+        carried = self._exact if first else []
+        wire_bucket = Bucket(
+            bucket.index if first else self._aggregator._bucket_numbers.take(),  # pylint: disable=protected-access
+            tuple(bucket.tensors[p] for p in carried) + tuple(tensors),
+            tuple(bucket.variables[p] for p in carried) + (None,) * len(tensors),
+            tuple(bucket.roles[p] for p in carried) + (GRADIENT,) * len(tensors))
+        summed = self._aggregator.inner._reduce_named(wire_bucket)  # pylint: disable=protected-access
+        for position, total in zip(carried, summed):
+            self._results[position] = total
+        return summed[len(carried):]
+
+    def gather(self, tensor):
+        """Every rank's `tensor` stacked in rank order, [P, ...] (counted: P - 1 copies sent)."""
+        communicator = self._aggregator.inner.communicator
+        counters = self._aggregator.counters
+        payload = tensor.shape.num_elements() * tensor.dtype.size
+        with tf.name_scope(communication_scope(self._aggregator.compressor.name,
+                                               f"gather_{self._bucket.index}")):
+            if counters is None:
+                return communicator.all_gather_equal(tensor)
+            return counters.timed([tensor], lambda: communicator.all_gather_equal(tensor),
+                                  payload, payload * (communicator.world_size - 1))
+
+    def exact_results(self):
+        """The sums of the bucket's exact tensors (summed now if no `sum` carried them)."""
+        if self._exact and self._sums == 0:
+            self.sum([])
+        return list(self._results)

@@ -37,7 +37,7 @@ from tfdist import _tf
 from tfdist import chief_log
 from tfdist import runtime
 from tfdist.aggregation.base import EXACT, GRADIENT
-from tfdist.aggregation.compression import with_compression
+from tfdist.aggregation.compressors import with_compression
 from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.profiling.counters import CommunicationCounters
@@ -111,6 +111,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def aggregator(self):
         """The gradient-aggregation hook (`tfdist.aggregation.base.Aggregator`)."""
         return self._aggregator
+
+    def build_aggregator_state(self, optimizer, variables):
+        """The hook's state for `variables`, as `optimizer`'s variables (`Aggregator.build`):
+        created from rank 0's value, then each rank's own (never averaged across ranks)."""
+        with self._local_state.rank_own_variables():
+            self._aggregator.build(optimizer, variables)
 
     # ------------------------------------------------------------- topology
     @property
@@ -479,8 +485,10 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         engine: the communicator's engine, "collective" (TensorFlow
             collectives) or "horovod" (see `tfdist.runtime`).
         engine_options: keyword arguments for `tfdist.runtime.communicator`.
-        compression: gradient compression on the wire: None, "none" or
-            "fp16" (`tfdist.aggregation.compression`).
+        compression: gradient compression on the wire: None, "none", a
+            name of `tfdist.aggregation.compressors.COMPRESSORS` ("fp16",
+            "topk") or a `tfdist.aggregation.compression.Compressor`
+            (e.g. `tfdist.aggregation.topk.TopK(ratio=0.001)`).
 
     Example:
 

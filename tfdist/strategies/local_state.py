@@ -29,6 +29,7 @@ a few bytes for metrics - added to the step's fused all-reduce, whatever
 the number of metrics, plus one read per variable.
 """
 
+import contextlib
 import threading
 
 import tensorflow as tf
@@ -94,11 +95,23 @@ class LocalStateSync:
 
     def track(self, variable):
         """Make `variable` report its assignments (if it is local state at all)."""
-        if variable.trainable or sync_kind(variable) is None:
+        if (variable.trainable or sync_kind(variable) is None
+                or getattr(self._local, "rank_own", False)):
             return variable
         variable.__class__ = _tracked_class(type(variable))
         variable._tfdist_tracker = self  # pylint: disable=protected-access
         return variable
+
+    @contextlib.contextmanager
+    def rank_own_variables(self):
+        """Variables created inside are this rank's own: never made global (a compressor's
+        residual is this rank's compression error)."""
+        previous = getattr(self._local, "rank_own", False)
+        self._local.rank_own = True
+        try:
+            yield
+        finally:
+            self._local.rank_own = previous
 
     def note(self, variable):
         step = getattr(self._local, "step", None)

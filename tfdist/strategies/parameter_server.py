@@ -55,7 +55,8 @@ class ParameterServerStrategy(DataParallelStrategy):
             (SSP).
         piece_bytes: largest piece per message (default 1 MiB; gRPC caps
             messages at 4 MiB).
-        compression: None or "fp16" (see `RingAllReduceStrategy`).
+        compression: None or "fp16" (see `DataParallelStrategy`; the servers
+            only sum, so a compressor that gathers, such as "topk", is refused).
 
     Example:
 

@@ -43,9 +43,11 @@ class RingAllReduceStrategy(DataParallelStrategy):
             (default 4 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
         first_bucket_bytes: largest first bucket (default 1 MiB): the last
             layers' gradients, summed while the backward pass goes on.
-        compression: None or "fp16": float gradients travel as float16 and
+        compression: None; "fp16": float gradients travel as float16 and
             are cast back after the sum (half the bytes; see
-            `tfdist.aggregation.compression` for the precision guarantee).
+            `tfdist.aggregation.compression` for the precision guarantee);
+            "topk" or `tfdist.aggregation.topk.TopK(ratio)`: each rank sends
+            its largest entries, with error feedback; any `Compressor`.
 
     Example:
 

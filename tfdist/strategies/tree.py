@@ -28,7 +28,8 @@ class ReductionTreeStrategy(DataParallelStrategy):
             buckets are issued in reverse layer order, as the backward pass
             produces them (see `RingAllReduceStrategy`).
         first_bucket_bytes: largest first bucket (default 1 MiB).
-        compression: None or "fp16" (see `RingAllReduceStrategy`).
+        compression: None, "fp16", "topk" or a `Compressor` (see
+            `DataParallelStrategy`).
 
     Example:
 

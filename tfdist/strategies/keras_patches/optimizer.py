@@ -70,7 +70,7 @@ def install():
             original(self, variables)
             strategy = tf.distribute.get_strategy()
             if getattr(strategy, "is_tfdist_data_parallel", False):
-                strategy.extended.aggregator.build(self, list(variables))
+                strategy.extended.build_aggregator_state(self, list(variables))
 
         return build
 
