@@ -13,7 +13,9 @@ import tensorflow as tf
 
 from tfdist.aggregation.base import EXACT, GRADIENT, ROWS
 from tfdist.aggregation.compression import Compressor
-from tfdist.aggregation.compressors import with_compression
+from tfdist.aggregation.compressors import get_compressor, with_compression
+from tfdist.aggregation.powersgd import PowerSGD
+from tfdist.aggregation.signsgd import SignSGD, pack_bits, unpack_bits
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.aggregation.topk import TopK
 from tfdist.aggregation.tree import ReductionTreeAggregator
@@ -195,59 +197,132 @@ def test_an_unknown_compressor_object_is_a_clear_error():
         simulate(1, lambda comm: with_compression(ALGORITHMS["ring"](comm), object()))
 
 
-def topk_step(comm, ratio, steps, algorithm="ring_one_bucket"):
-    """`steps` all-reduces of rank-dependent gradients through TopK(ratio) on `algorithm`:
-    each step's sums, and this rank's gradients and residuals."""
+def compressed_steps(comm, make_compressor, steps, algorithm="ring_one_bucket", optimizer=None):
+    """`steps` all-reduces of rank-dependent gradients through `make_compressor()` on
+    `algorithm`: each step's sums, this rank's gradients, and its residual per tensor after
+    the last step (zeros where the tensor is sent exactly)."""
     import keras  # pylint: disable=import-outside-toplevel
 
-    compressor = TopK(ratio)
+    compressor = make_compressor()
     aggregator = with_compression(ALGORITHMS[algorithm](comm), compressor)
     variables = [keras.Variable(np.zeros(shape, "float32"), name=f"v{i}")
                  for i, shape in enumerate(SHAPES)]
-    aggregator.build(keras.optimizers.SGD(), variables)
+    optimizer = optimizer or keras.optimizers.SGD()
+    aggregator.build(optimizer, variables)
     sums, gradients = [], []
     for step in range(steps):
         mine = [tf.constant(t) for t in rank_tensors(comm.rank + 10 * step)]
         gradients.append(mine)
         sums.append(aggregator.all_reduce(mine, variables, roles=GRADIENT))
-    return sums, gradients, [r.numpy() for r in compressor.variables]
+        optimizer.iterations.assign_add(1)
+    residuals = [compressor.residual(v) for v in variables]
+    return sums, gradients, [np.zeros(v.shape) if r is None else r.numpy()
+                             for r, v in zip(residuals, variables)]
+
+
+ERROR_FEEDBACK = {
+    "topk_10": lambda: TopK(0.1),
+    "topk_50": lambda: TopK(0.5),
+    "signsgd": SignSGD,
+    "powersgd_rank1_every_matrix": lambda: PowerSGD(rank=1, min_compression_rate=0),
+    "powersgd_rank2": lambda: PowerSGD(rank=2),
+}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("ratio", [0.1, 0.5])
-def test_topk_loses_nothing_sent_plus_residuals_is_every_gradient(world_size, ratio):
+@pytest.mark.parametrize("name", sorted(ERROR_FEEDBACK))
+def test_error_feedback_loses_nothing_sent_plus_residuals_is_every_gradient(name, world_size):
     """Error feedback's invariant: over any number of steps, the sums received plus the
-    residuals every rank still holds equal the sum of every gradient; ranks agree bit for bit."""
-    results = simulate(world_size, lambda comm: topk_step(comm, ratio, steps=3))
+    residuals every rank still holds equal the sum of every gradient; ranks agree bit for bit,
+    and the compressor did withhold something."""
+    results = simulate(world_size, lambda comm: compressed_steps(comm, ERROR_FEEDBACK[name], 3))
+    withheld = 0.0
     for position, shape in enumerate(SHAPES):
         received = sum(np.asarray(s[position], "float64") for s in results[0][0])
         held = sum(np.asarray(r[2][position], "float64") for r in results)
         every = sum(np.asarray(g[position], "float64") for r in results for g in r[1])
         np.testing.assert_allclose(received + held, every, rtol=1e-5, atol=1e-5)
+        withheld += float(np.abs(held).sum())
         for rank in range(world_size):
             for step in range(3):
                 np.testing.assert_array_equal(results[rank][0][step][position],
                                               results[0][0][step][position])
+    assert withheld > 0.1, name
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("ratio", [0.1, 0.5])
+def test_topk_withholds_all_but_k_entries(world_size, ratio):
+    results = simulate(world_size, lambda comm: compressed_steps(comm, lambda: TopK(ratio), 3))
+    for position, shape in enumerate(SHAPES):
         size = int(np.prod(shape))
         sent = TopK(ratio).entries_sent(size)
         for _, _, residuals in results:  # after its last step a rank holds back the rest
             assert np.count_nonzero(residuals[position]) <= size - sent
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree_fanout2"])
-def test_topk_with_ratio_one_is_the_exact_sum(algorithm):
-    results = simulate(3, lambda comm: topk_step(comm, 1.0, steps=2, algorithm=algorithm))
+EXACT_SETTINGS = {
+    "topk_ratio_one_ring": (lambda: TopK(1.0), "ring"),
+    "powersgd_full_rank_ring": (lambda: PowerSGD(rank=64, min_compression_rate=0), "ring"),
+    "powersgd_full_rank_tree": (lambda: PowerSGD(rank=64, min_compression_rate=0),
+                                "tree_fanout2"),
+    # Warm-up: the first start_step steps are plain sums.
+    "powersgd_before_start_step": (lambda: PowerSGD(rank=1, start_step=5,
+                                                    min_compression_rate=0), "ring"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT_SETTINGS))
+def test_lossless_settings_give_the_exact_sum(name):
+    make_compressor, algorithm = EXACT_SETTINGS[name]
+    results = simulate(3, lambda comm: compressed_steps(comm, make_compressor, 2, algorithm))
     for step in range(2):
-        want = exact_sums(3) if step == 0 else [
-            sum(np.asarray(rank_tensors(r + 10)[i], "float64") for r in range(3))
-            for i in range(len(SHAPES))]
-        for sums, _, residuals in results:
+        want = [sum(np.asarray(rank_tensors(r + 10 * step)[i], "float64") for r in range(3))
+                for i in range(len(SHAPES))]
+        for sums, _, _ in results:
             for got, expected in zip(sums[step], want):
-                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-            assert all(not np.any(r) for r in residuals)
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-5)
 
 
-def test_a_ratio_outside_zero_one_is_a_clear_error():
+def test_powersgd_compresses_after_start_step_and_only_matrices_that_pay():
+    compressor = PowerSGD(rank=2)  # (n + m) r 2 < n m
+    assert [compressor.factor_rank(s) for s in SHAPES] == [None, None, None, None, None, 2]
+    assert compressor.factor_rank((3, 3, 16, 32)) == 2  # a convolution: (3 3 16) x 32
+    results = simulate(2, lambda comm: compressed_steps(
+        comm, lambda: PowerSGD(rank=1, start_step=1, min_compression_rate=0), 2))
+    want = sum(np.asarray(rank_tensors(r + 10)[5], "float64") for r in range(2))
+    assert np.abs(np.asarray(results[0][0][1][5]) - want).max() > 1e-2  # step 1: rank 1 only
+    assert np.linalg.matrix_rank(np.asarray(results[0][0][1][5]), tol=1e-4) == 1
+
+
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 64, 1001])
+def test_sign_bits_pack_eight_to_a_byte_and_unpack(size):
+    bits = np.random.default_rng(size).random(size) > 0.5
+    packed = pack_bits(tf.constant(bits))
+    assert packed.dtype == tf.uint8 and packed.shape == (-(-size // 8),)
+    np.testing.assert_array_equal(unpack_bits(packed[None], size).numpy()[0], bits)
+
+
+@pytest.mark.parametrize("compressor", [TopK(0.01), SignSGD()], ids=repr)
+def test_a_gathering_compressor_on_the_tree_is_a_clear_error(compressor):
+    with pytest.raises(SimulationError, match="gathers every rank's message.*'tree' algorithm"):
+        simulate(2, lambda comm: with_compression(ALGORITHMS["tree_fanout2"](comm), compressor))
+
+
+def test_bad_compressor_settings_are_clear_errors():
     for ratio in (0, 1.5, -0.1, True, "1%"):
         with pytest.raises(ValueError, match="TopK ratio must be a number in"):
             TopK(ratio)
+    with pytest.raises(ValueError, match="TopK momentum must be None or a number in"):
+        TopK(0.1, momentum=1.0)
+    for rank in (0, 1.5, True):
+        with pytest.raises(ValueError, match="PowerSGD rank must be an integer >= 1"):
+            PowerSGD(rank=rank)
+    with pytest.raises(ValueError, match="start_step must be an integer >= 0"):
+        PowerSGD(start_step=-1)
+    with pytest.raises(ValueError, match="min_compression_rate must be a number >= 0"):
+        PowerSGD(min_compression_rate=float("nan"))
+    with pytest.raises(ValueError, match="compression must be one of"):
+        get_compressor("powersgd2")
+    with pytest.raises(ValueError, match="not its class: PowerSGD()"):
+        get_compressor(PowerSGD)

@@ -1,27 +1,63 @@
 """Lossy compression inside Keras' fit on real processes (the numerics: test_aggregators_in_process).
 
-Top-k with error feedback: with every entry sent it trains exactly as without
-compression; with 5% of the entries it still trains, every rank holding the
-same weights while each keeps its own residual.
+The same script with every compressor of `tfdist.compression` on 2
+processes: the lossless settings (top-k with every entry, PowerSGD at full
+rank) train exactly as without compression; PowerSGD rank 2, top-k 1%,
+top-k with momentum correction and 1-bit still train, every rank holding
+the same weights while each keeps its own residual, and
+`CommunicationMonitor` reports the fewer bytes they send.
 """
 
 import numpy as np
+import pytest
 
 from helpers import failure_report, script, tfdist_run
 
+LOSSY = ("powersgd", "topk", "topk_momentum", "signsgd")
 
-def test_topk_in_fit_is_exact_at_ratio_one_and_keeps_ranks_identical(tmp_path):
-    done = tfdist_run(2, [script("topk_training.py"), str(tmp_path)], timeout=400)
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compressed")
+    done = tfdist_run(2, [script("compressed_training.py"), str(out)], timeout=600)
     assert done.returncode == 0, failure_report(done)
-    assert "compression topk" in done.stdout
-    ranks = [np.load(tmp_path / f"topk.rank{r}.npz") for r in range(2)]
-    np.testing.assert_allclose(ranks[0]["full"], ranks[0]["plain"], atol=1e-6)
-    np.testing.assert_allclose(ranks[0]["full_loss"], ranks[0]["plain_loss"], rtol=1e-6)
-    for run in ("plain", "full", "sparse"):
-        np.testing.assert_array_equal(ranks[1][run], ranks[0][run])  # identical weights
-    sparse_loss = ranks[0]["sparse_loss"]
-    assert sparse_loss[-1] < 0.5 * sparse_loss[0], sparse_loss  # 5% of the entries still train
-    assert not np.array_equal(ranks[0]["sparse"], ranks[0]["plain"])  # and it is lossy
-    # Each rank keeps its own residual (its compression error), never averaged.
-    assert np.count_nonzero(ranks[0]["residuals"]) > 0
-    assert not np.allclose(ranks[0]["residuals"], ranks[1]["residuals"])
+    assert "compression powersgd" in done.stdout
+    return [np.load(out / f"compressed.rank{r}.npz") for r in range(2)]
+
+
+def test_lossless_settings_train_exactly_as_uncompressed(ranks):
+    for name in ("topk_full", "powersgd_full"):
+        np.testing.assert_allclose(ranks[0][f"{name}_weights"], ranks[0]["plain_weights"],
+                                   atol=2e-5, err_msg=name)
+        np.testing.assert_allclose(ranks[0][f"{name}_loss"], ranks[0]["plain_loss"],
+                                   rtol=1e-4, err_msg=name)
+
+
+# Final loss at most this times the uncompressed run's (measured: 1.05, 2.9, 1.3, 1.2, 1.0).
+# Top-k 1% with the optimizer's momentum lags most in 48 steps, as Deep Gradient Compression
+# reports without its momentum correction; with it (top-k 5% here) it keeps up.
+FINAL_LOSS_WITHIN = {"powersgd": 1.2, "topk": 4.0, "topk_momentum": 1.5, "signsgd": 1.5,
+                     "fp16": 1.01}
+
+
+@pytest.mark.parametrize("name", LOSSY + ("fp16",))
+def test_every_compressor_trains_with_identical_weights_on_every_rank(ranks, name):
+    np.testing.assert_array_equal(ranks[1][f"{name}_weights"], ranks[0][f"{name}_weights"])
+    loss, plain = ranks[0][f"{name}_loss"], ranks[0]["plain_loss"]
+    assert loss[-1] < 0.6 * loss[0], (name, loss)  # it trains
+    assert loss[-1] < FINAL_LOSS_WITHIN[name] * plain[-1], (name, loss, plain)
+    if name in LOSSY:
+        assert not np.array_equal(ranks[0][f"{name}_weights"], ranks[0]["plain_weights"])
+        # Each rank keeps its own residual (its compression error), never averaged.
+        residuals = [r[f"{name}_residuals"] for r in ranks]
+        assert np.count_nonzero(residuals[0]) > 0
+        assert not np.allclose(residuals[0], residuals[1])
+
+
+@pytest.mark.parametrize("name,most", [("powersgd", 0.35), ("topk", 0.1), ("topk_momentum", 0.3),
+                                        ("signsgd", 0.1), ("fp16", 0.55)])
+def test_the_monitor_reports_the_compressed_bytes_sent(ranks, name, most):
+    plain = ranks[0]["plain_sent_mb"]
+    sent = ranks[0][f"{name}_sent_mb"]
+    assert np.all(plain > 0) and np.all(sent > 0), (plain, sent)
+    assert np.all(sent < most * plain), (name, sent / plain)

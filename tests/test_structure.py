@@ -16,7 +16,7 @@ LAYERS = [
     ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
      "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
-    ("tfdist.aggregation", "tfdist.profiling.counters"),
+    ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.runtime",),
     ("tfdist.strategies", "tfdist.optimizers", "tfdist.profiling.report",
      "tfdist.profiling.rank_profiler"),

@@ -8,8 +8,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "optimizers", "profiling", "runtime",
-               "strategies")
+_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "compression", "optimizers",
+               "profiling", "runtime", "strategies")
 
 
 def __getattr__(name):

@@ -33,9 +33,18 @@ differs from the float32 sum by about P * 2^-11 * max |g| and overflows past
 batch (`Aggregator.weights_gradients_first`), so the summed values are the
 global gradient's, in range for ordinary losses. Non-float tensors pass
 unchanged.
+
+Which compressor runs where (`Compressor.check_supported`): a compressor
+whose wire format is a sum (fp16, PowerSGD's factors) runs on the ring and
+the tree; one that gathers every rank's message (top-k's indices and values,
+1-bit's packed signs: their sum is not the sum of the gradients) needs the
+ring's all-gather and is refused on the tree; the parameter server's servers
+only sum what workers push, with no per-worker state, so of the lossy
+schemes it runs fp16 only.
 """
 
 import abc
+import math
 
 import tensorflow as tf
 
@@ -52,6 +61,8 @@ class Compressor(abc.ABC):
     """
 
     name = "abstract"
+    gathers = False  # True: the wire format is every rank's message, gathered (not a sum)
+    runs_on_servers = False  # True: a parameter server's sum of it is still right
 
     @property
     def variables(self):
@@ -64,8 +75,22 @@ class Compressor(abc.ABC):
         del optimizer, variables
 
     def check_supported(self, aggregator):
-        """Raise ValueError naming both if this compressor cannot run on `aggregator`."""
-        del aggregator
+        """Raise ValueError naming both if this compressor cannot run on `aggregator`
+        (module docstring: which compressor runs where)."""
+        if getattr(aggregator, "communicator", None) is None and not self.runs_on_servers:
+            raise ValueError(
+                f"tfdist: the {self.name!r} compressor cannot run on the {aggregator.name!r} "
+                "algorithm: parameter servers only sum what the workers push and keep no "
+                "per-worker state, so its messages cannot be decoded there (the parameter "
+                "server supports compression='fp16'). Use RingAllReduceStrategy or "
+                "ReductionTreeStrategy.")
+        if self.gathers and aggregator.name != "ring":
+            raise ValueError(
+                f"tfdist: the {self.name!r} compressor gathers every rank's message (their sum "
+                "is not the sum of the gradients); the "
+                f"{aggregator.name!r} algorithm only sums along its edges and has no all-gather. "
+                "Use RingAllReduceStrategy (TF collectives or Horovod), or a compressor whose "
+                "messages add up: 'fp16' or PowerSGD.")
 
     @abc.abstractmethod
     def reduce(self, gradients, variables, wire):
@@ -84,11 +109,97 @@ class Compressor(abc.ABC):
         del dtype
         return 1.0
 
+    def predict_seconds(self, shapes, world_size, alpha, beta, inner, **options):
+        """Predicted seconds to sum float32 gradients of `shapes` over `world_size` ranks
+        through the aggregation algorithm `inner` (its class or an instance, with its
+        `options`), under the alpha-beta model. By default: the inner algorithm moving
+        `wire_ratio(float32)` of the gradient bytes. The compressor's own arithmetic on the
+        device (a top-k selection, a QR factorisation) is not modelled."""
+        n_bytes = gradient_bytes(shapes) * self.wire_ratio(tf.float32)
+        return inner.predict_seconds(n_bytes, world_size, alpha, beta, **options)
+
+
+class ErrorFeedbackCompressor(Compressor):
+    """A compressor that keeps, per gradient, this rank's residual: what it has not sent yet.
+
+    Subclasses create residuals in `build` with `add_residual` and add them
+    to what they send; `residual(variable)` reads one (tests, reports).
+    """
+
+    def __init__(self):
+        self._residuals = {}  # id(variable) -> this rank's residual for its gradient
+
+    @property
+    def variables(self):
+        return list(self._residuals.values())
+
+    def add_residual(self, optimizer, variable):
+        """Create `variable`'s residual (zeros) as one of `optimizer`'s variables."""
+        self._residuals[id(variable)] = optimizer.add_variable_from_reference(
+            variable, f"tfdist_{self.name}_residual")
+
+    def residual(self, variable):
+        """This rank's residual for `variable`'s gradient (a variable), or None: sent exactly."""
+        return self._residuals.get(id(variable))
+
+    def reduce(self, gradients, variables, wire):
+        """Gradients with a residual through `compressed_sums`, the others summed exactly."""
+        compressed, exact = split_by_state(gradients, variables, self._residuals)
+        results = [None] * len(gradients)
+        if exact:
+            for position, total in zip(exact, wire.sum([gradients[p] for p in exact])):
+                results[position] = total
+        if compressed:
+            totals = self.compressed_sums([gradients[p] for p in compressed],
+                                          [variables[p] for p in compressed], wire)
+            for position, total in zip(compressed, totals):
+                results[position] = total
+        return results
+
+    def compressed_sums(self, gradients, variables, wire):
+        """The sums over ranks of `gradients` (each with a residual), through `wire`."""
+        raise NotImplementedError(f"{type(self).__name__} defines reduce itself")
+
+
+def gradient_bytes(shapes):
+    """Bytes of float32 gradients of `shapes`."""
+    return 4 * sum(math.prod(shape) for shape in shapes)
+
+
+def all_gather_seconds(bytes_per_rank, world_size, alpha, beta):
+    """(P - 1) alpha + (P - 1) m beta: a ring all-gather of m bytes from each of P ranks
+    (P - 1 steps, each passing one rank's message on); 0 for one rank."""
+    steps = world_size - 1
+    return steps * alpha + steps * bytes_per_rank * beta if steps > 0 else 0.0
+
+
+def flatten(tensors):
+    """`tensors` as one flat vector of their common dtype, and their sizes."""
+    sizes = [t.shape.num_elements() for t in tensors]
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0), sizes
+
+
+def unflatten(flat, like):
+    """The pieces of `flat` shaped and typed as `like` (the tensors `flatten` joined)."""
+    pieces = tf.split(flat, [t.shape.num_elements() for t in like])
+    return [tf.cast(tf.reshape(piece, t.shape), t.dtype) for piece, t in zip(pieces, like)]
+
+
+def split_by_state(gradients, variables, state):
+    """Positions of the gradients with compressor state (`state`: id(variable) -> anything)
+    and a floating dtype, and the positions of the rest (summed exactly)."""
+    stateful, exact = [], []
+    for position, (gradient, variable) in enumerate(zip(gradients, variables)):
+        known = variable is not None and id(variable) in state and gradient.dtype.is_floating
+        (stateful if known else exact).append(position)
+    return stateful, exact
+
 
 class FP16Compression(Compressor):
     """Send floating-point gradients as float16 (half the bytes); see the module docstring."""
 
     name = "fp16"
+    runs_on_servers = True
 
     @staticmethod
     def _casts(tensor):
@@ -169,11 +280,15 @@ class CompressedAggregator(Aggregator):
     def reduce_bucket(self, bucket):
         return self._reduce_named(bucket)
 
-    def predict_seconds(self, n_bytes, world_size, alpha, beta, **options):  # pylint: disable=W0221
-        """The inner algorithm's prediction for float32 gradients of `n_bytes`, sent as
-        `wire_ratio(float32)` of that."""
-        ratio = self.compressor.wire_ratio(tf.float32)
-        return self.inner.predict_seconds(n_bytes * ratio, world_size, alpha, beta, **options)
+    def predict_seconds(self, n_bytes, world_size, alpha, beta, shapes=None,  # pylint: disable=W0221
+                        **options):
+        """The compressor's prediction (`Compressor.predict_seconds`) for float32 gradients
+        of `shapes`, or, without them, of one square matrix of `n_bytes`."""
+        if shapes is None:
+            side = max(1, round(math.sqrt(n_bytes / 4)))
+            shapes = [(side, side)]
+        return self.compressor.predict_seconds(shapes, world_size, alpha, beta, self.inner,
+                                               **options)
 
     def sent_bytes(self, n_bytes):
         return self.inner.sent_bytes(n_bytes)
@@ -200,8 +315,10 @@ class Wire:
     def sum(self, tensors):
         """Element-wise sums over ranks of `tensors` (a list), through the inner algorithm."""
         bucket, first = self._bucket, self._sums == 0
-        self._sums += 1
         carried = self._exact if first else []
+        if not carried and not tensors:
+            return []
+        self._sums += 1
         wire_bucket = Bucket(
             bucket.index if first else self._aggregator._bucket_numbers.take(),  # pylint: disable=protected-access
             tuple(bucket.tensors[p] for p in carried) + tuple(tensors),

@@ -5,68 +5,89 @@ Algorithm, per gradient tensor of n elements (ratio r, k = max(1, ceil(r n))):
     a = g + e               e: this rank's residual (what earlier steps did not send)
     I = the k indices of the largest |a_i|
     send (I, a_I);  e <- a with a_I set to 0
-    gather every rank's (I, a_I) (`Wire.gather`: P k int32 indices and P k values)
-    sum = the scatter-add of all P k pairs into n zeros (the same on every rank)
+    sum = the scatter-add of every rank's (I, a_I) into n zeros (the same on every rank)
+
+The pairs of all the bucket's tensors travel in one message: K = sum of the
+k's int32 indices into the bucket's flattened gradients, then the K values
+as float32 bits, gathered from every rank in one `Wire.gather` ([P, 2 K]).
+
+With momentum correction (`momentum=m`, Deep Gradient Compression, Lin et
+al. 2018) the rank accumulates its own momentum before selecting:
+
+    u <- m u + g;  a = e + u;  select as above;  e <- a with a_I = 0;  u_I <- 0
+
+so that the momentum of the withheld entries is not lost (use the optimizer
+without momentum then: `SGD(momentum=0)`); DGC's gradient clipping and
+warm-up are left to the optimizer and the schedule.
 
 Guarantee: one step's sum is biased (entries below the k-th are withheld),
-but nothing is lost: sent + new residual = g + old residual on every rank
-(error feedback: Stich et al. 2018; Deep Gradient Compression, Lin et al.
-2018, without its momentum correction), so the sum of all updates equals
-the sum of all gradients less the residuals still held, which restores
-SGD's rate for this biased compressor. With r = 1 the sum is exact (the
-residual stays 0). The residual is each rank's own: it is built with the
-optimizer (`Compressor.build`: saved and restored with its slots, never
-averaged across ranks). Gradients of no known variable and non-float
-tensors are summed exactly.
+but without momentum nothing is lost: sent + new residual = g + old residual
+on every rank (error feedback: Stich et al. 2018), so the sum of all updates
+equals the sum of all gradients less the residuals still held, which
+restores SGD's rate for this biased compressor. With r = 1 the sum is exact
+(the residual stays 0). The residual (and the velocity) is each rank's own:
+built with the optimizer (`Compressor.build`: saved and restored with its
+slots, never averaged across ranks). Gradients of no known variable and
+non-float tensors are summed exactly.
 
-Cost model (all-gather of 8 k bytes per rank, int32 index + float32 value,
-in a ring): (P - 1) alpha + (P - 1) 8 k beta per tensor, against the ring
-all-reduce's 2 (P - 1) alpha + 2 (P - 1) / P 4 n beta: fewer bytes when
-k / n < 1 / P, plus top-k's O(n log k) on the device. The parameter
-server cannot run it (its servers only sum): `check_supported` says so.
+Cost model (`predict_seconds`): an all-gather of 8 K bytes per rank in a
+ring, (P - 1) alpha + (P - 1) 8 K beta, against the ring all-reduce's
+2 (P - 1) alpha + 2 (P - 1) / P 4 n beta: fewer bytes when k / n < 1 / P
+(top-k 1% pays up to P = 100 on the wire; the gathered pairs grow with P,
+a sum does not), plus top-k's O(n log k) selection on the device. Runs on
+the ring only (`Compressor.gathers`).
 """
 
 import math
 
 import tensorflow as tf
 
-from tfdist.aggregation.compression import Compressor
+from tfdist.aggregation.compression import (ErrorFeedbackCompressor, all_gather_seconds,
+                                            unflatten)
 
 DEFAULT_RATIO = 0.01
 
 
-class TopK(Compressor):
+class TopK(ErrorFeedbackCompressor):
     """Send each rank's `ratio` largest gradient entries, keep the rest for later (module
     docstring).
 
     Args:
         ratio: fraction of each gradient's entries a rank sends, in (0, 1].
+        momentum: None, or DGC's momentum correction factor in [0, 1) (the
+            momentum accumulated per rank before the selection).
     """
 
     name = "topk"
+    gathers = True
 
-    def __init__(self, ratio=DEFAULT_RATIO):
+    def __init__(self, ratio=DEFAULT_RATIO, momentum=None):
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"TopK ratio must be a number in (0, 1]. Got: {ratio!r}")
+        if momentum is not None and (isinstance(momentum, bool) or not isinstance(
+                momentum, (int, float)) or not 0 <= momentum < 1):
+            raise ValueError(f"TopK momentum must be None or a number in [0, 1). "
+                             f"Got: {momentum!r}")
+        super().__init__()
         self.ratio = float(ratio)
-        self._residuals = {}  # id(variable) -> this rank's residual for its gradient
+        self.momentum = None if momentum is None else float(momentum)
+        self._velocities = {}  # id(variable) -> this rank's momentum (momentum correction)
+
+    def __repr__(self):
+        momentum = "" if self.momentum is None else f", momentum={self.momentum}"
+        return f"TopK(ratio={self.ratio}{momentum})"
 
     @property
     def variables(self):
-        return list(self._residuals.values())
-
-    def check_supported(self, aggregator):
-        if getattr(aggregator, "communicator", None) is None:
-            raise ValueError(
-                f"tfdist: the {self.name} compressor gathers every rank's indices and values "
-                f"among the training processes; the {aggregator.name!r} algorithm only sums "
-                "(through its servers). Use RingAllReduceStrategy or ReductionTreeStrategy.")
+        return super().variables + list(self._velocities.values())
 
     def build(self, optimizer, variables):
         for variable in variables:
             if tf.as_dtype(variable.dtype).is_floating:
-                self._residuals[id(variable)] = optimizer.add_variable_from_reference(
-                    variable, "tfdist_topk_residual")
+                self.add_residual(optimizer, variable)
+                if self.momentum is not None:
+                    self._velocities[id(variable)] = optimizer.add_variable_from_reference(
+                        variable, "tfdist_topk_velocity")
 
     def entries_sent(self, num_elements):
         """k: the entries a rank sends of a tensor of `num_elements`."""
@@ -76,32 +97,45 @@ class TopK(Compressor):
         del dtype
         return min(1.0, 2.0 * self.ratio)  # index + value per sent entry, of 4-byte elements
 
-    def reduce(self, gradients, variables, wire):
-        results = [None] * len(gradients)
-        exact = []
-        for position, (gradient, variable) in enumerate(zip(gradients, variables)):
-            residual = self._residuals.get(id(variable)) if variable is not None else None
-            if residual is None or not gradient.dtype.is_floating:
-                exact.append(position)
-            else:
-                results[position] = self._sparse_sum(gradient, residual, wire)
-        if exact:
-            for position, total in zip(exact, wire.sum([gradients[p] for p in exact])):
-                results[position] = total
-        return results
+    def predict_seconds(self, shapes, world_size, alpha, beta, inner, **options):
+        pairs = sum(self.entries_sent(math.prod(shape)) for shape in shapes)
+        del inner, options
+        return all_gather_seconds(8 * pairs, world_size, alpha, beta)
 
-    def _sparse_sum(self, gradient, residual, wire):
-        size = gradient.shape.num_elements()
-        accumulated = tf.reshape(gradient, [-1]) + tf.cast(tf.reshape(residual, [-1]),
-                                                           gradient.dtype)
+    def _select(self, gradient, variable):
+        """This rank's (indices, values) of `gradient`, its residual (and velocity) updated."""
+        residual = self._residuals[id(variable)]
+        flat = tf.reshape(tf.cast(gradient, tf.float32), [-1])
+        if self.momentum is None:
+            accumulated = flat + tf.reshape(tf.cast(residual, tf.float32), [-1])
+        else:
+            velocity = self._velocities[id(variable)]
+            moved = self.momentum * tf.reshape(tf.cast(velocity, tf.float32), [-1]) + flat
+            accumulated = tf.reshape(tf.cast(residual, tf.float32), [-1]) + moved
+        size = flat.shape.num_elements()
         _, indices = tf.math.top_k(tf.abs(accumulated), self.entries_sent(size), sorted=False)
         values = tf.gather(accumulated, indices)
-        sent = tf.scatter_nd(indices[:, None], values, [size])
-        kept = residual.assign(tf.cast(tf.reshape(accumulated - sent, residual.shape),
-                                       residual.dtype))
-        with tf.control_dependencies([kept]):
-            every_index = wire.gather(indices)
-            every_value = wire.gather(values)
-        total = tf.scatter_nd(tf.reshape(every_index, [-1, 1]), tf.reshape(every_value, [-1]),
-                              [size])
-        return tf.reshape(total, gradient.shape)
+        kept = tf.tensor_scatter_nd_update(accumulated, indices[:, None], tf.zeros_like(values))
+        updates = [residual.assign(tf.cast(tf.reshape(kept, residual.shape), residual.dtype))]
+        if self.momentum is not None:
+            masked = tf.tensor_scatter_nd_update(moved, indices[:, None], tf.zeros_like(values))
+            updates.append(velocity.assign(tf.cast(tf.reshape(masked, velocity.shape),
+                                                   velocity.dtype)))
+        return indices, values, updates
+
+    def compressed_sums(self, gradients, variables, wire):
+        offset, all_indices, all_values, updates = 0, [], [], []
+        for gradient, variable in zip(gradients, variables):
+            indices, values, assigned = self._select(gradient, variable)
+            all_indices.append(indices + offset)
+            all_values.append(values)
+            updates += assigned
+            offset += gradient.shape.num_elements()
+        indices, values = tf.concat(all_indices, 0), tf.concat(all_values, 0)
+        pairs = indices.shape.num_elements()
+        with tf.control_dependencies(updates):
+            every = wire.gather(tf.concat([indices, tf.bitcast(values, tf.int32)], 0))
+        every_index = tf.reshape(every[:, :pairs], [-1, 1])
+        every_value = tf.reshape(tf.bitcast(every[:, pairs:], tf.float32), [-1])
+        return unflatten(tf.scatter_nd(every_index, every_value, [offset]), gradients)
+

@@ -487,8 +487,8 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         engine_options: keyword arguments for `tfdist.runtime.communicator`.
         compression: gradient compression on the wire: None, "none", a
             name of `tfdist.aggregation.compressors.COMPRESSORS` ("fp16",
-            "topk") or a `tfdist.aggregation.compression.Compressor`
-            (e.g. `tfdist.aggregation.topk.TopK(ratio=0.001)`).
+            "powersgd", "topk", "signsgd") or a `tfdist.compression` object
+            (e.g. `tfdist.compression.TopK(ratio=0.001)`).
 
     Example:
 

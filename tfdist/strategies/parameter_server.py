@@ -56,7 +56,8 @@ class ParameterServerStrategy(DataParallelStrategy):
         piece_bytes: largest piece per message (default 1 MiB; gRPC caps
             messages at 4 MiB).
         compression: None or "fp16" (see `DataParallelStrategy`; the servers
-            only sum, so a compressor that gathers, such as "topk", is refused).
+            only sum and keep no per-worker state, so PowerSGD, top-k and
+            1-bit are refused with a clear error).
 
     Example:
 

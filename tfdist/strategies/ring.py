@@ -43,11 +43,12 @@ class RingAllReduceStrategy(DataParallelStrategy):
             (default 4 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
         first_bucket_bytes: largest first bucket (default 1 MiB): the last
             layers' gradients, summed while the backward pass goes on.
-        compression: None; "fp16": float gradients travel as float16 and
-            are cast back after the sum (half the bytes; see
-            `tfdist.aggregation.compression` for the precision guarantee);
-            "topk" or `tfdist.aggregation.topk.TopK(ratio)`: each rank sends
-            its largest entries, with error feedback; any `Compressor`.
+        compression: None; "fp16" / `tfdist.compression.FP16()`: float
+            gradients travel as float16 and are cast back after the sum
+            (half the bytes); `tfdist.compression.PowerSGD(rank=...)`,
+            `TopK(ratio=...)`, `SignSGD()` (or their names, with defaults):
+            lossy, with error feedback; any `tfdist.compression.Compressor`.
+            Each compressor's module states its guarantee and cost.
 
     Example:
 

@@ -28,8 +28,10 @@ class ReductionTreeStrategy(DataParallelStrategy):
             buckets are issued in reverse layer order, as the backward pass
             produces them (see `RingAllReduceStrategy`).
         first_bucket_bytes: largest first bucket (default 1 MiB).
-        compression: None, "fp16", "topk" or a `Compressor` (see
-            `DataParallelStrategy`).
+        compression: None, "fp16", "powersgd" or a `tfdist.compression`
+            object whose messages add up (`FP16()`, `PowerSGD(rank=...)`);
+            top-k and 1-bit gather every rank's message, which the tree
+            cannot: refused with a clear error (use the ring).
 
     Example:
 
