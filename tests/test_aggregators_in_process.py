@@ -326,3 +326,19 @@ def test_bad_compressor_settings_are_clear_errors():
         get_compressor("powersgd2")
     with pytest.raises(ValueError, match="not its class: PowerSGD()"):
         get_compressor(PowerSGD)
+
+
+class _ServersOnly:
+    """What `check_supported` reads of a parameter server's aggregator: its name, no
+    communicator among the workers."""
+
+    name = "ps"
+    communicator = None
+
+
+@pytest.mark.parametrize("compressor", [PowerSGD(), TopK(), SignSGD()], ids=repr)
+def test_a_lossy_compressor_on_the_parameter_server_is_a_clear_error(compressor):
+    assert not compressor.runs_on("ps") and compressor.runs_on("ring")
+    with pytest.raises(ValueError, match=f"'{compressor.name}' compressor cannot run on the 'ps'"):
+        compressor.check_supported(_ServersOnly())
+    get_compressor("fp16").check_supported(_ServersOnly())  # the servers sum float16 fine

@@ -74,6 +74,13 @@ class Compressor(abc.ABC):
         (`Aggregator.build`: saved, restored and broadcast with them); none by default."""
         del optimizer, variables
 
+    def runs_on(self, algorithm):
+        """Whether this compressor can run on the aggregation algorithm named `algorithm`
+        ("ring", "tree", "ps"; module docstring: which compressor runs where)."""
+        if algorithm == "ps":
+            return self.runs_on_servers
+        return algorithm == "ring" or not self.gathers
+
     def check_supported(self, aggregator):
         """Raise ValueError naming both if this compressor cannot run on `aggregator`
         (module docstring: which compressor runs where)."""
@@ -200,6 +207,9 @@ class FP16Compression(Compressor):
 
     name = "fp16"
     runs_on_servers = True
+
+    def __repr__(self):
+        return "FP16()"
 
     @staticmethod
     def _casts(tensor):

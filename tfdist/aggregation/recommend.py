@@ -4,7 +4,7 @@ import dataclasses
 import math
 import numbers
 
-from tfdist.aggregation.cost_model import predict_all_reduce_seconds
+from tfdist.aggregation.cost_model import ALGORITHMS, predict_all_reduce_seconds
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES
 from tfdist.aggregation.tree import DEFAULT_CHUNK_BYTES
 
@@ -24,12 +24,16 @@ class Candidate:
         options: the settings the model depends on, named as the strategy's
             arguments: {} (ring), {"fanout", "chunk_bytes"} (tree),
             {"num_servers", "piece_bytes"} (ps).
-        predicted_seconds: the algorithm's `predict_seconds` for these settings.
+        predicted_seconds: the algorithm's `predict_seconds` for these settings
+            (the compressor's, `Compressor.predict_seconds`, with one).
+        compression: None, or the `tfdist.compression` object the gradients
+            are sent through.
     """
 
     algorithm: str
     options: dict
     predicted_seconds: float
+    compression: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +41,10 @@ class Recommendation(Candidate):
     """The fastest `Candidate`, with every candidate ranked (`alternatives`, fastest first).
 
     Attributes:
-        alternatives: every candidate considered, fastest first (the pick is the first).
-        n_bytes, processes, bandwidth, latency: what the choice was made for.
+        alternatives: every candidate considered, fastest first (with lossy
+            compressors, the pick may not be the first: see `recommend`).
+        n_bytes, processes, bandwidth, latency, compute_seconds: what the
+            choice was made for.
     """
 
     alternatives: tuple = ()
@@ -46,13 +52,16 @@ class Recommendation(Candidate):
     processes: int = 0
     bandwidth: float = 0.0
     latency: float = 0.0
+    compute_seconds: float = 0.0
+    _baseline_step: float = 0.0
 
     def strategy(self, **kwargs):
         """Build the recommended strategy: `RingAllReduceStrategy()`,
         `ReductionTreeStrategy(fanout=..., chunk_bytes=...)` or
         `ParameterServerStrategy(num_servers=..., piece_bytes=...)`.
 
-        `kwargs` go to the constructor too (e.g. `compression="fp16"`). A
+        `kwargs` go to the constructor too (e.g. `compression="fp16"`; the
+        recommended compression, if any, unless `compression` is given). A
         parameter server with K servers needs a cluster that has them:
         `tfdist-run -np P --num-servers K` (or `ps` tasks in TF_CONFIG), or,
         for K = P, no dedicated servers (one co-located with each worker).
@@ -61,10 +70,36 @@ class Recommendation(Candidate):
         """
         import tfdist  # pylint: disable=import-outside-toplevel
 
+        if self.compression is not None:
+            kwargs.setdefault("compression", self.compression)
         return getattr(tfdist.strategies, STRATEGIES[self.algorithm])(**self.options, **kwargs)
 
+    @property
+    def step_speedup(self):
+        """How many times faster a step is predicted to be than with the best uncompressed
+        (or fp16) candidate: (compute + its time) / (compute + this time)."""
+        return self._baseline_step / (self.compute_seconds + self.predicted_seconds)
 
-def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None):
+
+# A lossy compressor (it changes the training: more steps to the same accuracy, or a lower
+# one) is picked only when it makes the whole step this many times faster than the best
+# lossless choice (fp16 counts as lossless: Agarwal et al., MLSys 2022, advise comparing
+# against it). Calibrated on benchmarks/results/compression_training.json.
+LOSSY_STEP_SPEEDUP = 2.0
+
+
+def default_compressors():
+    """The compressors `recommend(..., compression=True)` considers: fp16, PowerSGD rank 1, 2
+    and 4, top-k 1% and 0.1%, and 1-bit."""
+    from tfdist import compression  # pylint: disable=import-outside-toplevel
+
+    return (compression.FP16(), compression.PowerSGD(rank=1), compression.PowerSGD(rank=2),
+            compression.PowerSGD(rank=4), compression.TopK(0.01), compression.TopK(0.001),
+            compression.SignSGD())
+
+
+def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, compression=False,
+              compute_seconds=0.0):
     """The fastest gradient-aggregation algorithm and settings under the alpha-beta cost model.
 
     Every candidate - the ring; the reduction tree with each fanout 2 .. P - 1
@@ -89,9 +124,23 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None):
         latency: one message's latency in **seconds** (half a round trip).
         candidates: optional iterable of (algorithm, options) pairs to choose
             from instead of the full search (e.g. only what a cluster offers).
+        compression: False (uncompressed only), True (also every compressor
+            of `default_compressors()`) or an iterable of `tfdist.compression`
+            objects. Each is timed on the algorithms it runs on
+            (`Compressor.runs_on`) with its own `predict_seconds` for the
+            model's gradient shapes (a byte count: one square matrix). fp16
+            is picked whenever it is fastest; a lossy compressor (PowerSGD,
+            top-k, 1-bit) only if the whole step, `compute_seconds` plus
+            communication, is at least `LOSSY_STEP_SPEEDUP` (2x) faster than
+            with the best uncompressed or fp16 candidate: it changes the
+            training, so a small gain does not pay (the experiment in
+            benchmarks/results/compression_training.json; the README).
+        compute_seconds: the step's computation on one process, seconds
+            (communication assumed not overlapped with it); 0: communication only.
 
     Returns:
-        A `Recommendation`; `recommendation.strategy()` builds its strategy.
+        A `Recommendation`; `recommendation.strategy()` builds its strategy
+        (with its compression, if any).
 
     Example:
 
@@ -103,16 +152,53 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None):
     _check_number("processes", processes, integer=True, minimum=2)
     _check_number("bandwidth", bandwidth, minimum=0, strict=True)
     _check_number("latency", latency, minimum=0)
+    _check_number("compute_seconds", compute_seconds, minimum=0)
     alpha, beta = float(latency), 8.0 / bandwidth
     pairs = search_space(n_bytes, processes) if candidates is None else list(candidates)
     if not pairs:
         raise ValueError("candidates must list at least one (algorithm, options) pair.")
-    ranked = sorted((Candidate(algorithm, dict(options), predict_all_reduce_seconds(
-        algorithm, n_bytes, processes, alpha, beta, **options)) for algorithm, options in pairs),
-        key=lambda c: c.predicted_seconds)
-    best = ranked[0]
-    return Recommendation(best.algorithm, best.options, best.predicted_seconds, tuple(ranked),
-                          n_bytes, processes, float(bandwidth), float(latency))
+    compressors = _compressors(compression)
+    shapes = gradient_shapes(model_or_bytes, n_bytes)
+    ranked = [Candidate(algorithm, dict(options), predict_all_reduce_seconds(
+        algorithm, n_bytes, processes, alpha, beta, **options)) for algorithm, options in pairs]
+    for compressor in compressors:
+        ranked += [Candidate(algorithm, dict(options), compressor.predict_seconds(
+            shapes, processes, alpha, beta, ALGORITHMS[algorithm], **options), compressor)
+            for algorithm, options in pairs if compressor.runs_on(algorithm)]
+    ranked.sort(key=lambda c: c.predicted_seconds)
+    lossless = [c for c in ranked if not _lossy(c.compression)]
+    best = lossless[0]
+    baseline = float(compute_seconds) + best.predicted_seconds
+    lossy = [c for c in ranked if _lossy(c.compression)]
+    if lossy and baseline >= LOSSY_STEP_SPEEDUP * (compute_seconds + lossy[0].predicted_seconds):
+        best = lossy[0]
+    return Recommendation(best.algorithm, best.options, best.predicted_seconds, best.compression,
+                          tuple(ranked), n_bytes, processes, float(bandwidth), float(latency),
+                          float(compute_seconds), baseline)
+
+
+def _compressors(compression):
+    if compression is False or compression is None:
+        return ()
+    if compression is True:
+        return default_compressors()
+    from tfdist.aggregation.compressors import get_compressor  # pylint: disable=C0415
+
+    return tuple(get_compressor(c) for c in compression)
+
+
+def _lossy(compressor):
+    return compressor is not None and compressor.name != "fp16"
+
+
+def gradient_shapes(model_or_bytes, n_bytes):
+    """The shapes of the gradients: a Keras model's trainable variables', or for a byte
+    count one square float32 matrix of about that many bytes."""
+    variables = getattr(model_or_bytes, "trainable_variables", None)
+    if variables is not None:
+        return [tuple(v.shape) for v in variables]
+    side = max(1, round(math.sqrt(n_bytes / 4)))
+    return [(side, side)]
 
 
 def search_space(n_bytes, processes):
