@@ -79,3 +79,32 @@ def test_a_compressors_state_starts_from_rank_zero_and_is_saved_with_the_model(t
         np.testing.assert_array_equal(restored["built"], [1.0] * 4)
         np.testing.assert_array_equal(restored["loaded"], trained[0]["after_fit"])
     assert not np.allclose(trained[0]["after_fit"], 1.0)  # training changed the state
+
+
+def test_each_ranks_residuals_survive_checkpoints_and_a_resume(tmp_path):
+    """Top-k's residuals are each rank's own: a ModelCheckpoint, save_weights and a
+    BackupAndRestore keep every rank's (beside the chief's file), and a job stopped after its
+    second epoch resumes to the same weights and residuals as one never stopped. A rank with
+    no state file of its own starts from zero residuals (not the chief's), and says so."""
+    def run(mode):
+        done = tfdist_run(2, [script("residual_checkpoints.py"), str(tmp_path), mode],
+                          timeout=300)
+        assert done.returncode == 0, failure_report(done)
+        return done
+
+    for mode in ("straight", "interrupted", "resumed", "load"):
+        run(mode)
+    os.remove(tmp_path / "model.weights.h5.tfdist-rank1.npz")
+    fallback = run("load_weights")
+    assert "rank 1 restored" in fallback.stdout + fallback.stderr
+    assert "without its own compression residuals" in fallback.stdout + fallback.stderr
+    straight = [np.load(tmp_path / f"straight.rank{r}.npz") for r in range(2)]
+    assert not np.allclose(straight[0]["residuals"], straight[1]["residuals"])
+    for mode in ("resumed", "load"):
+        for rank in range(2):
+            restored = np.load(tmp_path / f"{mode}.rank{rank}.npz")
+            np.testing.assert_array_equal(restored["weights"], straight[rank]["weights"])
+            np.testing.assert_array_equal(restored["residuals"], straight[rank]["residuals"])
+    chief, other = (np.load(tmp_path / f"load_weights.rank{r}.npz") for r in range(2))
+    np.testing.assert_array_equal(chief["residuals"], straight[0]["residuals"])
+    assert not np.any(other["residuals"])

@@ -42,7 +42,7 @@ from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.profiling.counters import CommunicationCounters
 from tfdist.profiling.names import communication_scope
-from tfdist.strategies import average_loss
+from tfdist.strategies import average_loss, rank_state
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import replica_step, step_plan
@@ -115,8 +115,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def build_aggregator_state(self, optimizer, variables):
         """The hook's state for `variables`, as `optimizer`'s variables (`Aggregator.build`):
         created from rank 0's value, then each rank's own (never averaged across ranks)."""
+        before = {id(v) for v in optimizer.variables}
         with self._local_state.rank_own_variables():
             self._aggregator.build(optimizer, variables)
+        rank_state.remember(optimizer, [v for v in optimizer.variables if id(v) not in before])
 
     # ------------------------------------------------------------- topology
     @property

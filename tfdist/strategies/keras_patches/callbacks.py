@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
+from tfdist.strategies import rank_state
 from tfdist.strategies.checkpoint_files import save_backup
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks, is_multi_process,
                                                             is_non_chief_model, tfdist_strategy)
@@ -212,9 +213,11 @@ def _with_step_timeout(model, callbacks):
     return list(callbacks) + [_StepTimeout(communicator)]
 
 
-def _restore_only(callback):
-    """BackupAndRestore for a non-chief rank: never write or delete (the chief restores)."""
-    callback._save_model = lambda *args, **kwargs: None  # pylint: disable=protected-access
+def _restore_only(callback, strategy):
+    """BackupAndRestore for a non-chief rank: write only its own state (`rank_state`) where
+    the chief writes the backup; never delete (the chief restores)."""
+    callback._save_model = lambda *args, **kwargs: rank_state.save(  # pylint: disable=W0212
+        callback.model, callback._weights_path, strategy)  # pylint: disable=protected-access
     callback.on_train_end = lambda logs=None: None
     return callback
 
@@ -272,16 +275,21 @@ def _restore_then_broadcast(callback, restore, strategy, logs=None):
     variables = list(model.weights) + list(model.optimizer.variables if model.optimizer else [])
     for variable in variables:
         variable.assign(communicator.broadcast(variable.value))
+    rank_state.restore(model, callback._weights_path, strategy)
     model._initial_epoch = int(state[1]) or None
 
 
-def _for_non_chief(callbacks):
+def _for_non_chief(callbacks, strategy):
+    """A non-chief rank's callbacks: no writers, except `ModelCheckpoint` where the gradient
+    compressor keeps per-rank state (its `model.save` writes only that, `rank_state`)."""
+    compressed = getattr(strategy.extended.aggregator, "compressor", None) is not None
     kept = []
     for callback in keras.tree.flatten(callbacks) if callbacks else []:
-        if isinstance(callback, _CHIEF_ONLY_WRITERS):
+        if isinstance(callback, _CHIEF_ONLY_WRITERS) and not (
+                compressed and isinstance(callback, keras.callbacks.ModelCheckpoint)):
             continue
         if isinstance(callback, keras.callbacks.BackupAndRestore):
-            callback = _restore_only(callback)
+            callback = _restore_only(callback, strategy)
         kept.append(callback)
     return kept
 
@@ -298,7 +306,7 @@ def install():
             callbacks = _with_communication_profiling(model, callbacks)
             callbacks = _with_end_of_fit_barrier(model, callbacks)
         if model is not None and is_non_chief_model(model):
-            callbacks = _for_non_chief(callbacks)
+            callbacks = _for_non_chief(callbacks, tfdist_strategy(model))
             add_progbar = False
         elif model is not None and tfdist_strategy(model) is not None:
             _with_atomic_backups(callbacks)
