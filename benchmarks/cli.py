@@ -3,9 +3,14 @@
     tfdist-bench                      # everything
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
-                                      # anatomy, overlap, anchor, emulated
+                                      # anatomy, overlap, anchor, emulated,
+                                      # compression_training
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
+    tfdist-bench --only compression_training
+                                      # root only, never in the default run: training with
+                                      # each gradient compressor to a target accuracy, on
+                                      # loopback and shaped links (~75 min at P = 4)
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -19,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, anchor_report, async_report, emulated_cluster,
-                        keras_patterns_report, large_batch, overlap_report, profiling_report)
+from benchmarks import (anatomy_report, anchor_report, async_report, compression_training,
+                        emulated_cluster, keras_patterns_report, large_batch, overlap_report,
+                        profiling_report)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
@@ -215,8 +221,9 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "patterns": lambda tmp: keras_patterns_report.main([]),
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,
          "overlap": overlap_report.run, "anchor": anchor_report.run,
-         "emulated": emulated_cluster.run}
-NOT_BY_DEFAULT = ("emulated",)  # needs root and network namespaces: only when named
+         "emulated": emulated_cluster.run, "compression_training": compression_training.run}
+# Need root and network namespaces, and take long: only when named.
+NOT_BY_DEFAULT = ("emulated", "compression_training")
 
 
 def main(argv=None):
