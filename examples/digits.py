@@ -65,8 +65,10 @@ def main():
     parser.add_argument("--backend", choices=["auto", "collective", "horovod"], default="auto",
                         help="ring all-reduce engine (ring strategy)")
     parser.add_argument("--fanout", type=int, default=2, help="tree fanout (tree strategy)")
-    parser.add_argument("--compression", choices=["none", "fp16"], default="none",
-                        help="gradient compression on the wire")
+    parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk", "signsgd"],
+                        default="none",
+                        help="gradient compression on the wire (each with its defaults; see "
+                             "tfdist.compression)")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=None,
                         help="global batch size (default: 64, rounded up to a multiple of the "
