@@ -197,10 +197,12 @@ def test_an_unknown_compressor_object_is_a_clear_error():
         simulate(1, lambda comm: with_compression(ALGORITHMS["ring"](comm), object()))
 
 
-def compressed_steps(comm, make_compressor, steps, algorithm="ring_one_bucket", optimizer=None):
+def compressed_steps(comm, make_compressor, steps, algorithm="ring_one_bucket", optimizer=None,
+                     overflow_step=None):
     """`steps` all-reduces of rank-dependent gradients through `make_compressor()` on
     `algorithm`: each step's sums, this rank's gradients, and its residual per tensor after
-    the last step (zeros where the tensor is sent exactly)."""
+    the last step (zeros where the tensor is sent exactly). At `overflow_step` rank 0's
+    gradients hold an inf (a loss-scaled step that overflowed)."""
     import keras  # pylint: disable=import-outside-toplevel
 
     compressor = make_compressor()
@@ -212,6 +214,8 @@ def compressed_steps(comm, make_compressor, steps, algorithm="ring_one_bucket", 
     sums, gradients = [], []
     for step in range(steps):
         mine = [tf.constant(t) for t in rank_tensors(comm.rank + 10 * step)]
+        if step == overflow_step and comm.rank == 0:
+            mine = [t + tf.constant(np.inf, t.dtype) if t.shape.rank else t for t in mine]
         gradients.append(mine)
         sums.append(aggregator.all_reduce(mine, variables, roles=GRADIENT))
         optimizer.iterations.assign_add(1)
@@ -248,6 +252,21 @@ def test_error_feedback_loses_nothing_sent_plus_residuals_is_every_gradient(name
                 np.testing.assert_array_equal(results[rank][0][step][position],
                                               results[0][0][step][position])
     assert withheld > 0.1, name
+
+
+@pytest.mark.parametrize("name", sorted(ERROR_FEEDBACK))
+def test_a_step_that_overflows_leaves_the_compressors_state_as_it_was(name):
+    """A LossScaleOptimizer skips a step whose gradients overflow; the residuals (and
+    PowerSGD's Q) must then not take in the inf, or every later step would be inf too."""
+    results = simulate(2, lambda comm: compressed_steps(comm, ERROR_FEEDBACK[name], 3,
+                                                        overflow_step=1))
+    assert not all(np.all(np.isfinite(s)) for s in results[0][0][1])  # step 1 overflowed
+    for position in range(len(SHAPES)):  # error feedback's invariant, without step 1
+        received = sum(np.asarray(results[0][0][step][position], "float64") for step in (0, 2))
+        held = sum(np.asarray(r[2][position], "float64") for r in results)
+        every = sum(np.asarray(r[1][step][position], "float64") for r in results for step in (0, 2))
+        assert np.all(np.isfinite(held))
+        np.testing.assert_allclose(received + held, every, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -176,3 +176,8 @@ def test_the_recommended_compression_goes_to_the_strategy(monkeypatch):
                      compression=["topk"])
     assert pick.compression.name == "topk"
     assert pick.strategy() == "strategy" and built == [{"compression": pick.compression}]
+
+
+def test_one_compressor_may_be_named_alone():
+    pick = recommend(4.4e6, processes=4, bandwidth=100e6, latency=1e-4, compression="signsgd")
+    assert {repr(c.compression) for c in pick.alternatives} == {"None", "SignSGD()"}

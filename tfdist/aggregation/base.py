@@ -155,6 +155,11 @@ class Aggregator(abc.ABC):
         """The algorithm's state across steps (variables; none by default)."""
         return []
 
+    @property
+    def rank_variables(self):
+        """The part of `variables` that is this rank's own (a compressor's residuals)."""
+        return []
+
     def build(self, optimizer, variables):
         """Create the state the hook keeps for the gradients of `variables` (none by default).
 

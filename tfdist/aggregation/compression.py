@@ -63,10 +63,20 @@ class Compressor(abc.ABC):
     name = "abstract"
     gathers = False  # True: the wire format is every rank's message, gathered (not a sum)
     runs_on_servers = False  # True: a parameter server's sum of it is still right
+    # False only for a compressor as close to exact as the usual baseline (fp16): the cost
+    # model picks one that changes the training only where it pays clearly (`recommend`).
+    changes_training = True
+    keeps_rank_state = False  # True: some state is this rank's own (`rank_variables`)
 
     @property
     def variables(self):
         """The compressor's state across steps (variables; none by default)."""
+        return []
+
+    @property
+    def rank_variables(self):
+        """The part of `variables` that differs per rank (residuals): kept per rank in
+        checkpoints (`tfdist.strategies.rank_state`)."""
         return []
 
     def build(self, optimizer, variables):
@@ -130,8 +140,14 @@ class ErrorFeedbackCompressor(Compressor):
     """A compressor that keeps, per gradient, this rank's residual: what it has not sent yet.
 
     Subclasses create residuals in `build` with `add_residual` and add them
-    to what they send; `residual(variable)` reads one (tests, reports).
+    to what they send; `residual(variable)` reads one (tests, reports). They
+    update their state with `assign_if_finite`: only in a step whose sums
+    are finite, so that a step a `LossScaleOptimizer` skips for an overflow
+    leaves the state as it was (the sums are the same on every rank, so is
+    the decision).
     """
+
+    keeps_rank_state = True
 
     def __init__(self):
         self._residuals = {}  # id(variable) -> this rank's residual for its gradient
@@ -139,6 +155,20 @@ class ErrorFeedbackCompressor(Compressor):
     @property
     def variables(self):
         return list(self._residuals.values())
+
+    @property
+    def rank_variables(self):
+        return list(self._residuals.values())
+
+    @staticmethod
+    def assign_if_finite(assignments, totals):
+        """`totals`, after each (variable, new value) of `assignments` is assigned if every
+        total is finite (else the variable keeps its value)."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in totals])
+        updates = [variable.assign(tf.where(finite, tf.cast(value, variable.dtype), variable))
+                   for variable, value in assignments]
+        with tf.control_dependencies(updates):
+            return [tf.identity(t) for t in totals]
 
     def add_residual(self, optimizer, variable):
         """Create `variable`'s residual (zeros) as one of `optimizer`'s variables."""
@@ -207,6 +237,7 @@ class FP16Compression(Compressor):
 
     name = "fp16"
     runs_on_servers = True
+    changes_training = False
 
     def __repr__(self):
         return "FP16()"
@@ -227,9 +258,9 @@ class FP16Compression(Compressor):
 class CompressedAggregator(Aggregator):
     """`inner`, with the gradients of every bucket summed by `compressor` (module docstring).
 
-    Buckets, names and the cost model are the inner algorithm's, with the
-    gradient bytes scaled by the compressor's `wire_ratio`; so are the
-    algorithm's own attributes (a parameter server's `server_stats`).
+    Buckets and names are the inner algorithm's, and so are the algorithm's
+    own attributes (a parameter server's `server_stats`); the cost model is
+    the compressor's (`Compressor.predict_seconds`, through the inner one).
     """
 
     weights_gradients_first = True  # a compressor sees the global gradient's values
@@ -243,7 +274,7 @@ class CompressedAggregator(Aggregator):
         self.num_servers = inner.num_servers
         self.bucket_bytes = inner.bucket_bytes
         self.first_bucket_bytes = inner.first_bucket_bytes
-        self._built = set()  # ids of the variables the compressor built state for
+        self._built = {}  # id(variable) -> the optimizer the compressor built its state with
 
     @property
     def compression_name(self):
@@ -252,6 +283,10 @@ class CompressedAggregator(Aggregator):
     @property
     def variables(self):
         return list(self.compressor.variables)
+
+    @property
+    def rank_variables(self):
+        return list(self.compressor.rank_variables)
 
     @property
     def counters(self):
@@ -264,8 +299,17 @@ class CompressedAggregator(Aggregator):
             self.inner.counters = counters
 
     def build(self, optimizer, variables):
-        new = [v for v in variables if id(v) not in self._built]
-        self._built.update(id(v) for v in new)
+        """The compressor's state for `variables` with `optimizer`: once per optimizer (a
+        `LossScaleOptimizer` and the optimizer it wraps count as one; a new optimizer of a
+        recompiled model gets new state)."""
+        def same(built_with):
+            return built_with is not None and (
+                built_with is optimizer or getattr(optimizer, "inner_optimizer", None)
+                is built_with or getattr(built_with, "inner_optimizer", None) is optimizer)
+
+        new = [v for v in variables if not same(self._built.get(id(v)))]
+        for variable in new:
+            self._built[id(variable)] = optimizer
         if new:
             self.compressor.build(optimizer, new)
 

@@ -29,9 +29,10 @@ optimizer steps every gradient is summed exactly (a plain all-reduce, no
 residual), as PyTorch's `start_powerSGD_iter` (it suggests about 10% of
 training; the default here, 0, compresses from the first step).
 
-State (this rank's own; built with the optimizer, saved and restored with
-its slots): E per compressed matrix; Q per compressed matrix (identical on
-every rank: broadcast from rank 0 when created, then the sum of Q').
+State (built with the optimizer, saved and restored with its slots; updated
+only in steps whose sums are finite): E per compressed matrix, this rank's
+own; Q per compressed matrix, identical on every rank (broadcast from rank 0
+when created, then the sum of Q').
 
 Cost model (`predict_seconds`): two sums through the inner algorithm (ring
 or tree), of 4 (sum n r + exact elements) bytes and of 4 sum m r bytes:
@@ -107,8 +108,7 @@ class PowerSGD(ErrorFeedbackCompressor):
         return rank if (n + m) * rank * self.min_compression_rate < n * m else None
 
     def build(self, optimizer, variables):
-        if self._iterations is None:
-            self._iterations = optimizer.iterations
+        self._iterations = optimizer.iterations  # the latest optimizer's (a recompiled model)
         for variable in variables:
             rank = self.factor_rank(variable.shape)
             if rank is None or not tf.as_dtype(variable.dtype).is_floating:
@@ -168,16 +168,12 @@ class PowerSGD(ErrorFeedbackCompressor):
         mine = [tf.matmul(matrix, basis, transpose_a=True)
                 for matrix, basis in zip(matrices, bases)]
         second = wire.sum(mine)
-        updates, totals = [], []
+        state, totals = [], []
         for gradient, variable, matrix, basis, q_mine, q_sum, q in zip(
                 gradients, variables, matrices, bases, mine, second, factors):
             residual = self._residuals[id(variable)]
             kept = matrix - tf.matmul(basis, q_mine, transpose_b=True)
-            updates.append(residual.assign(tf.cast(tf.reshape(kept, residual.shape),
-                                                   residual.dtype)))
-            updates.append(q.assign(tf.cast(q_sum, q.dtype)))
+            state += [(residual, tf.reshape(kept, residual.shape)), (q, q_sum)]
             totals.append(tf.cast(tf.reshape(tf.matmul(basis, q_sum, transpose_b=True),
                                              gradient.shape), gradient.dtype))
-        with tf.control_dependencies(updates):
-            totals = [tf.identity(t) for t in totals]
-        return totals, first[len(matrices):]
+        return self.assign_if_finite(state, totals), first[len(matrices):]

@@ -125,15 +125,16 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
         candidates: optional iterable of (algorithm, options) pairs to choose
             from instead of the full search (e.g. only what a cluster offers).
         compression: False (uncompressed only), True (also every compressor
-            of `default_compressors()`) or an iterable of `tfdist.compression`
-            objects. Each is timed on the algorithms it runs on
+            of `default_compressors()`), or compressors (names or
+            `tfdist.compression` objects, one or an iterable). Each is timed on the algorithms it runs on
             (`Compressor.runs_on`) with its own `predict_seconds` for the
             model's gradient shapes (a byte count: one square matrix). fp16
             is picked whenever it is fastest; a lossy compressor (PowerSGD,
             top-k, 1-bit) only if the whole step, `compute_seconds` plus
             communication, is at least `LOSSY_STEP_SPEEDUP` (2x) faster than
-            with the best uncompressed or fp16 candidate: it changes the
-            training, so a small gain does not pay (the experiment in
+            with the best uncompressed or fp16 candidate
+            (`Compressor.changes_training`): it changes the training, so a
+            small gain does not pay (the experiment in
             benchmarks/results/compression_training.json; the README).
         compute_seconds: the step's computation on one process, seconds
             (communication assumed not overlapped with it); 0: communication only.
@@ -184,11 +185,13 @@ def _compressors(compression):
         return default_compressors()
     from tfdist.aggregation.compressors import get_compressor  # pylint: disable=C0415
 
-    return tuple(get_compressor(c) for c in compression)
+    if isinstance(compression, str) or not hasattr(compression, "__iter__"):
+        compression = (compression,)  # one name or one compressor
+    return tuple(get_compressor(c) for c in compression if get_compressor(c) is not None)
 
 
 def _lossy(compressor):
-    return compressor is not None and compressor.name != "fp16"
+    return compressor is not None and compressor.changes_training
 
 
 def gradient_shapes(model_or_bytes, n_bytes):

@@ -78,24 +78,23 @@ class SignSGD(ErrorFeedbackCompressor):
         return all_gather_seconds(message, world_size, alpha, beta)
 
     def compressed_sums(self, gradients, variables, wire):
-        accumulated, scales, updates = [], [], []
+        accumulated, scales, state = [], [], []
         for gradient, variable in zip(gradients, variables):
             residual = self._residuals[id(variable)]
             a = tf.reshape(tf.cast(gradient, tf.float32) + tf.cast(residual, tf.float32), [-1])
             scale = tf.reduce_mean(tf.abs(a))
             sent = tf.where(a >= 0, scale, -scale)
-            updates.append(residual.assign(tf.cast(tf.reshape(a - sent, residual.shape),
-                                                   residual.dtype)))
+            state.append((residual, tf.reshape(a - sent, residual.shape)))
             accumulated.append(a)
             scales.append(scale)
         flat, sizes = flatten(accumulated)
         total_size, count = flat.shape.num_elements(), len(sizes)
         packed = pack_bits(flat >= 0)
         scale_bytes = tf.reshape(tf.bitcast(tf.stack(scales), tf.uint8), [-1])
-        with tf.control_dependencies(updates):
-            every = wire.gather(tf.concat([packed, scale_bytes], 0))  # [P, bytes]
+        every = wire.gather(tf.concat([packed, scale_bytes], 0))  # [P, bytes]
         signs = tf.where(unpack_bits(every[:, :packed.shape[0]], total_size), 1.0, -1.0)
         every_scale = tf.bitcast(tf.reshape(every[:, packed.shape[0]:], [-1, count, 4]),
                                  tf.float32)  # [P, T]
         per_entry = tf.repeat(every_scale, sizes, axis=1)  # [P, N]
-        return unflatten(tf.reduce_sum(signs * per_entry, axis=0), gradients)
+        totals = unflatten(tf.reduce_sum(signs * per_entry, axis=0), gradients)
+        return self.assign_if_finite(state, totals)

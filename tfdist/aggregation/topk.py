@@ -81,6 +81,10 @@ class TopK(ErrorFeedbackCompressor):
     def variables(self):
         return super().variables + list(self._velocities.values())
 
+    @property
+    def rank_variables(self):
+        return self.variables
+
     def build(self, optimizer, variables):
         for variable in variables:
             if tf.as_dtype(variable.dtype).is_floating:
@@ -103,7 +107,8 @@ class TopK(ErrorFeedbackCompressor):
         return all_gather_seconds(8 * pairs, world_size, alpha, beta)
 
     def _select(self, gradient, variable):
-        """This rank's (indices, values) of `gradient`, its residual (and velocity) updated."""
+        """This rank's (indices, values) of `gradient`, and its new residual (and velocity)
+        as (variable, value) pairs."""
         residual = self._residuals[id(variable)]
         flat = tf.reshape(tf.cast(gradient, tf.float32), [-1])
         if self.momentum is None:
@@ -116,26 +121,29 @@ class TopK(ErrorFeedbackCompressor):
         _, indices = tf.math.top_k(tf.abs(accumulated), self.entries_sent(size), sorted=False)
         values = tf.gather(accumulated, indices)
         kept = tf.tensor_scatter_nd_update(accumulated, indices[:, None], tf.zeros_like(values))
-        updates = [residual.assign(tf.cast(tf.reshape(kept, residual.shape), residual.dtype))]
+        state = [(residual, tf.reshape(kept, residual.shape))]
         if self.momentum is not None:
             masked = tf.tensor_scatter_nd_update(moved, indices[:, None], tf.zeros_like(values))
-            updates.append(velocity.assign(tf.cast(tf.reshape(masked, velocity.shape),
-                                                   velocity.dtype)))
-        return indices, values, updates
+            state.append((velocity, tf.reshape(masked, velocity.shape)))
+        return indices, values, state
 
     def compressed_sums(self, gradients, variables, wire):
-        offset, all_indices, all_values, updates = 0, [], [], []
+        offset, all_indices, all_values, state = 0, [], [], []
         for gradient, variable in zip(gradients, variables):
-            indices, values, assigned = self._select(gradient, variable)
+            indices, values, new_state = self._select(gradient, variable)
             all_indices.append(indices + offset)
             all_values.append(values)
-            updates += assigned
+            state += new_state
             offset += gradient.shape.num_elements()
         indices, values = tf.concat(all_indices, 0), tf.concat(all_values, 0)
         pairs = indices.shape.num_elements()
-        with tf.control_dependencies(updates):
-            every = wire.gather(tf.concat([indices, tf.bitcast(values, tf.int32)], 0))
-        every_index = tf.reshape(every[:, :pairs], [-1, 1])
-        every_value = tf.reshape(tf.bitcast(every[:, pairs:], tf.float32), [-1])
-        return unflatten(tf.scatter_nd(every_index, every_value, [offset]), gradients)
-
+        every = wire.gather(tf.concat([indices, tf.bitcast(values, tf.int32)], 0))
+        # Each rank's pairs into a row of its own (no duplicate index within a row), then the
+        # rows summed: the same order of additions on every rank and device.
+        ranks = tf.broadcast_to(tf.range(tf.shape(every)[0])[:, None], tf.shape(every[:, :pairs]))
+        positions = tf.stack([ranks, every[:, :pairs]], axis=-1)
+        rows = tf.scatter_nd(tf.reshape(positions, [-1, 2]),
+                             tf.reshape(tf.bitcast(every[:, pairs:], tf.float32), [-1]),
+                             tf.stack([tf.shape(every)[0], offset]))
+        totals = unflatten(tf.reduce_sum(rows, axis=0), gradients)
+        return self.assign_if_finite(state, totals)

@@ -118,7 +118,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         before = {id(v) for v in optimizer.variables}
         with self._local_state.rank_own_variables():
             self._aggregator.build(optimizer, variables)
-        rank_state.remember(optimizer, [v for v in optimizer.variables if id(v) not in before])
+        own = {id(v) for v in self._aggregator.rank_variables}
+        rank_state.remember(optimizer, [v for v in optimizer.variables
+                                        if id(v) not in before and id(v) in own])
 
     # ------------------------------------------------------------- topology
     @property

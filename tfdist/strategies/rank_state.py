@@ -6,9 +6,10 @@ except for the state a compressor keeps per rank (`Aggregator.build` under
 `LocalStateSync.rank_own_variables`: residuals, momentum): restored from the
 chief's file alone, every rank would hold the chief's residual - its
 pending error counted P times, the others' lost. So whenever the chief
-writes a checkpoint, every rank (at the same callback, the same step) also
+writes a checkpoint, every other rank (at the same callback, the same step)
 writes its own state to `<checkpoint>.tfdist-rank<r>.npz` (atomically, on
-its own filesystem), with the optimizer's step count; after every restore
+its own filesystem, any `tf.io.gfile` path), with the optimizer's step
+count; a write that fails only warns; after every restore
 (`Model.load_weights`, `keras.saving.load_model`, `BackupAndRestore`) each
 rank reads its file and assigns its own state if the step count and shapes
 match the restored optimizer's. A rank without a matching file (the
@@ -21,10 +22,12 @@ Cost: one file per rank per checkpoint, the size of the compressed
 gradients' residuals; nothing when the strategy keeps no per-rank state.
 """
 
+import io
 import os
 import weakref
 
 import numpy as np
+import tensorflow as tf
 from absl import logging
 
 from tfdist.strategies.checkpoint_files import write_atomically
@@ -33,7 +36,8 @@ _RANK_OWN = weakref.WeakKeyDictionary()  # optimizer -> its rank-own variables, 
 
 
 def remember(optimizer, variables):
-    """Record `variables` (just built by the aggregation hook) as `optimizer`'s rank-own state."""
+    """Record `variables` (built by the aggregation hook, `Aggregator.rank_variables`) as
+    `optimizer`'s rank-own state."""
     if variables:
         _RANK_OWN.setdefault(optimizer, []).extend(variables)
 
@@ -57,9 +61,12 @@ def _iterations(model):
     return int(model.optimizer.iterations.numpy())
 
 
+def _applies_to(filepath, strategy):
+    return not strategy.is_chief and isinstance(filepath, (str, os.PathLike))
+
+
 def _applies(model, filepath, strategy):
-    return (not strategy.is_chief and isinstance(filepath, (str, os.PathLike))
-            and bool(rank_own_variables(model)))
+    return _applies_to(filepath, strategy) and bool(rank_own_variables(model))
 
 
 def save(model, filepath, strategy):
@@ -67,14 +74,37 @@ def save(model, filepath, strategy):
     if not _applies(model, filepath, strategy):
         return
     variables, rank = rank_own_variables(model), strategy.rank
-    arrays = {f"v{i}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
+    # float32 on file: NumPy stores bfloat16 as raw records it cannot cast back.
+    arrays = {f"v{i}": np.asarray(tf.cast(v, tf.float32)) for i, v in enumerate(variables)}
     path = state_path(filepath, rank)
 
     def write(temporary):
-        with open(temporary, "wb") as f:
-            np.savez(f, iterations=np.int64(_iterations(model)), **arrays)
+        buffer = io.BytesIO()
+        np.savez(buffer, iterations=np.int64(_iterations(model)), **arrays)
+        with tf.io.gfile.GFile(temporary, "wb") as f:
+            f.write(buffer.getvalue())
 
-    write_atomically(write, path)
+    try:
+        directory = os.path.dirname(path)
+        if directory and not tf.io.gfile.exists(directory):
+            tf.io.gfile.makedirs(directory)
+        write_atomically(write, path)
+    except (OSError, tf.errors.OpError) as error:
+        logging.warning("tfdist: rank %d could not write its own compression residuals to %s "
+                        "(%s): a restore from this checkpoint starts them from zero.",
+                        rank, path, error)
+
+
+def remove(filepath, strategy):
+    """Delete this rank's state file for `filepath` (a backup removed at the end of fit)."""
+    if not _applies_to(filepath, strategy):
+        return
+    path = state_path(filepath, strategy.rank)
+    try:
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+    except (OSError, tf.errors.OpError) as error:
+        logging.warning("tfdist: rank %d could not remove %s (%s)", strategy.rank, path, error)
 
 
 def restore(model, filepath, strategy):
@@ -85,10 +115,10 @@ def restore(model, filepath, strategy):
     variables, rank = rank_own_variables(model), strategy.rank
     path = state_path(filepath, rank)
     problem = None
-    if not os.path.exists(path):
+    if not tf.io.gfile.exists(path):
         problem = f"no {os.path.basename(path)} beside the checkpoint"
     else:
-        with np.load(path) as saved:
+        with tf.io.gfile.GFile(path, "rb") as f, np.load(io.BytesIO(f.read())) as saved:
             arrays = [saved[f"v{i}"] for i in range(len(variables)) if f"v{i}" in saved]
             step = int(saved["iterations"])
         if step != _iterations(model):
@@ -98,9 +128,9 @@ def restore(model, filepath, strategy):
             problem = f"{os.path.basename(path)} holds state of other shapes"
     if problem is None:
         for variable, array in zip(variables, arrays):
-            variable.assign(array)
+            variable.assign(tf.cast(array, variable.dtype))
         return
     logging.warning("tfdist: rank %d restored %s without its own compression residuals (%s): "
                     "they start from zero.", rank, os.fspath(filepath), problem)
     for variable in variables:
-        variable.assign(np.zeros(variable.shape, variable.dtype))
+        variable.assign(tf.zeros(variable.shape, variable.dtype))

@@ -215,11 +215,47 @@ def _with_step_timeout(model, callbacks):
 
 def _restore_only(callback, strategy):
     """BackupAndRestore for a non-chief rank: write only its own state (`rank_state`) where
-    the chief writes the backup; never delete (the chief restores)."""
-    callback._save_model = lambda *args, **kwargs: rank_state.save(  # pylint: disable=W0212
-        callback.model, callback._weights_path, strategy)  # pylint: disable=protected-access
-    callback.on_train_end = lambda logs=None: None
+    the chief writes the backup, and delete only that (the chief restores and cleans up)."""
+    # pylint: disable=protected-access
+    callback._save_model = lambda *args, **kwargs: rank_state.save(
+        callback.model, callback._weights_path, strategy)
+
+    def on_train_end(logs=None):
+        rank_state.remove(callback._weights_path, strategy)
+        if _keeps_rank_state(strategy):  # the chief deletes the backup after this barrier
+            _barrier_before_deleting_the_backup(strategy)
+
+    callback.on_train_end = on_train_end  # assigned, not wrapped: the same on every call
     return callback
+
+
+def _barrier_before_deleting_the_backup(strategy):
+    communicator = strategy.extended.communicator
+    with communicator.expect_progress("the barrier before deleting the backup"):
+        communicator.barrier()
+
+
+def _keeps_rank_state(strategy):
+    compressor = getattr(strategy.extended.aggregator, "compressor", None)
+    return getattr(compressor, "keeps_rank_state", False)
+
+
+def _rank_files_removed_first(callbacks, strategy):
+    """Where ranks keep their own state beside the backup, the chief deletes the backup
+    directory at the end of fit only after every rank has removed its file (a barrier)."""
+    if not _keeps_rank_state(strategy):
+        return
+    for callback in keras.tree.flatten(callbacks) if callbacks else []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and not getattr(
+                callback, "_tfdist_waits_for_rank_files", False):
+            callback._tfdist_waits_for_rank_files = True  # pylint: disable=protected-access
+            end = callback.on_train_end
+
+            def after_every_rank(logs=None, _end=end):
+                _barrier_before_deleting_the_backup(strategy)
+                _end(logs)
+
+            callback.on_train_end = after_every_rank
 
 
 def _save_backup_atomically(callback):
@@ -282,11 +318,11 @@ def _restore_then_broadcast(callback, restore, strategy, logs=None):
 def _for_non_chief(callbacks, strategy):
     """A non-chief rank's callbacks: no writers, except `ModelCheckpoint` where the gradient
     compressor keeps per-rank state (its `model.save` writes only that, `rank_state`)."""
-    compressed = getattr(strategy.extended.aggregator, "compressor", None) is not None
+    own_state = _keeps_rank_state(strategy)
     kept = []
     for callback in keras.tree.flatten(callbacks) if callbacks else []:
         if isinstance(callback, _CHIEF_ONLY_WRITERS) and not (
-                compressed and isinstance(callback, keras.callbacks.ModelCheckpoint)):
+                own_state and isinstance(callback, keras.callbacks.ModelCheckpoint)):
             continue
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             callback = _restore_only(callback, strategy)
@@ -310,6 +346,8 @@ def install():
             add_progbar = False
         elif model is not None and tfdist_strategy(model) is not None:
             _with_atomic_backups(callbacks)
+            if is_multi_process(model):
+                _rank_files_removed_first(callbacks, tfdist_strategy(model))
         if model is not None and is_multi_process(model):
             _restored_by_the_chief(callbacks, tfdist_strategy(model))
         callback_list_init(self, callbacks, add_history=add_history,
