@@ -89,13 +89,13 @@ LOSSY_STEP_SPEEDUP = 2.0
 
 
 def default_compressors():
-    """The compressors `recommend(..., compression=True)` considers: fp16, PowerSGD rank 1, 2
-    and 4, top-k 1% and 0.1%, and 1-bit."""
+    """The compressors `recommend(..., compression=True)` considers: fp16 and PowerSGD rank 4,
+    the two that stayed within 0.5 points of uncompressed accuracy on both models of the
+    experiment (benchmarks/results/compression_training.json); PowerSGD rank 1 and 2, top-k
+    and 1-bit lost more on at least one, and are considered only when passed explicitly."""
     from tfdist import compression  # pylint: disable=import-outside-toplevel
 
-    return (compression.FP16(), compression.PowerSGD(rank=1), compression.PowerSGD(rank=2),
-            compression.PowerSGD(rank=4), compression.TopK(0.01), compression.TopK(0.001),
-            compression.SignSGD())
+    return (compression.FP16(), compression.PowerSGD(rank=4))
 
 
 def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, compression=False,
@@ -128,7 +128,8 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
             of `default_compressors()`), or compressors (names or
             `tfdist.compression` objects, one or an iterable). Each is timed on the algorithms it runs on
             (`Compressor.runs_on`) with its own `predict_seconds` for the
-            model's gradient shapes (a byte count: one square matrix). fp16
+            model's gradient shapes (a byte count: one square matrix; an
+            `Embedding`'s sparse gradient counted as sent exactly). fp16
             is picked whenever it is fastest; a lossy compressor (PowerSGD,
             top-k, 1-bit) only if the whole step, `compute_seconds` plus
             communication, is at least `LOSSY_STEP_SPEEDUP` (2x) faster than
@@ -159,13 +160,22 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
     if not pairs:
         raise ValueError("candidates must list at least one (algorithm, options) pair.")
     compressors = _compressors(compression)
-    shapes = gradient_shapes(model_or_bytes, n_bytes)
+    shapes, exact_shapes = gradient_shapes(model_or_bytes, n_bytes)
     ranked = [Candidate(algorithm, dict(options), predict_all_reduce_seconds(
         algorithm, n_bytes, processes, alpha, beta, **options)) for algorithm, options in pairs]
+
+    def compressed_seconds(compressor, algorithm, options):
+        inner = ALGORITHMS[algorithm]
+        seconds = compressor.predict_seconds(shapes, processes, alpha, beta, inner, **options)
+        if exact_shapes:  # sparse gradients travel exactly, whatever the compressor
+            seconds += inner.predict_seconds(4 * sum(math.prod(s) for s in exact_shapes),
+                                             processes, alpha, beta, **options)
+        return seconds
+
     for compressor in compressors:
-        ranked += [Candidate(algorithm, dict(options), compressor.predict_seconds(
-            shapes, processes, alpha, beta, ALGORITHMS[algorithm], **options), compressor)
-            for algorithm, options in pairs if compressor.runs_on(algorithm)]
+        ranked += [Candidate(algorithm, dict(options),
+                             compressed_seconds(compressor, algorithm, options), compressor)
+                   for algorithm, options in pairs if compressor.runs_on(algorithm)]
     ranked.sort(key=lambda c: c.predicted_seconds)
     lossless = [c for c in ranked if not _lossy(c.compression)]
     best = lossless[0]
@@ -195,13 +205,19 @@ def _lossy(compressor):
 
 
 def gradient_shapes(model_or_bytes, n_bytes):
-    """The shapes of the gradients: a Keras model's trainable variables', or for a byte
-    count one square float32 matrix of about that many bytes."""
+    """The shapes of the gradients a compressor gets, and of those that travel exactly: a
+    Keras model's trainable variables (an `Embedding`'s table, whose gradient is sparse
+    rows that are gathered exactly, among the second), or for a byte count one square
+    float32 matrix of about that many bytes."""
     variables = getattr(model_or_bytes, "trainable_variables", None)
-    if variables is not None:
-        return [tuple(v.shape) for v in variables]
-    side = max(1, round(math.sqrt(n_bytes / 4)))
-    return [(side, side)]
+    if variables is None:
+        side = max(1, round(math.sqrt(n_bytes / 4)))
+        return [(side, side)], []
+    compressed, exact = [], []
+    for variable in variables:
+        sparse = getattr(variable, "name", "") == "embeddings"  # keras.layers.Embedding's
+        (exact if sparse else compressed).append(tuple(variable.shape))
+    return compressed, exact
 
 
 def search_space(n_bytes, processes):
