@@ -12,8 +12,9 @@ speedup over fp16, (compute + fp16's predicted communication) / (compute +
 the compressor's), against the measured one (fp16's median step / the
 compressor's); and per cell the pick among `default_compressors()` - a
 lossy compressor only where the whole step is predicted 2x faster
-(`LOSSY_STEP_SPEEDUP`) - against the measurement: did any lossy compressor reach the target accuracy sooner than
-fp16 and fp32? Writes results/compression_recommend.json.
+(`LOSSY_STEP_SPEEDUP`) - against the measurement: did a lossy compressor
+reach the target accuracy that many times sooner than fp16 and fp32?
+Writes results/compression_recommend.json.
 """
 
 import json
@@ -50,7 +51,8 @@ def _cells(result):
 
 
 def analyse(result):
-    from tfdist.aggregation.recommend import recommend  # pylint: disable=C0415
+    from tfdist.aggregation.recommend import (  # pylint: disable=C0415
+        LOSSY_STEP_SPEEDUP, recommend)
 
     compressors = _compressors()
     grouped = _cells(result)
@@ -61,7 +63,6 @@ def analyse(result):
         if link is None or "fp32" not in loopback or "fp16" not in cells:
             continue
         model = _model(model_name)
-        shapes = [tuple(v.shape) for v in model.trainable_variables]
         bandwidth, latency = link["goodput_MBps"] * 8e6, link["rtt_s"] / 2
         compute = loopback["fp32"]["median_step_ms"] / 1e3
         # Every compressor timed by the cost model as `recommend` times it (sparse gradients
@@ -87,14 +88,20 @@ def analyse(result):
             (cell["time_to_target_s"], name) for name, cell in cells.items()
             if name not in ("fp32", "fp16") and cell["time_to_target_s"] is not None
             and (lossless_best is None or cell["time_to_target_s"] < lossless_best))
+        # "Pays clearly": the target reached LOSSY_STEP_SPEEDUP times sooner than lossless.
+        pays = [name for seconds, name in lossy_sooner
+                if lossless_best is None or seconds * LOSSY_STEP_SPEEDUP <= lossless_best]
         picked_lossy = pick.compression is not None and pick.compression.changes_training
         rows.append({
             "network": network, "processes": processes, "model": model_name,
             "bandwidth_bits_per_s": bandwidth, "latency_s": latency, "compute_seconds": compute,
             "recommend": repr(pick.compression), "predicted_step_speedup": round(
                 pick.step_speedup, 3),
-            "measured_lossy_sooner_than_lossless": [name for _, name in lossy_sooner],
-            "agrees": picked_lossy == bool(lossy_sooner),
+            "measured_lossy_sooner_than_lossless": {
+                name: round(lossless_best / seconds, 3) if lossless_best else None
+                for seconds, name in lossy_sooner},
+            "measured_lossy_paying_clearly": pays,
+            "agrees": picked_lossy == bool(pays),
             "per_compressor": per_compressor})
     agree = sum(r["agrees"] for r in rows)
     return {"summary": {"cells": len(rows), "recommend_agrees_with_measurement": agree},
