@@ -7,14 +7,18 @@
 # horovod/tensorflow/xla_mpi_ops.cc includes XLA headers that moved. That file only matters for
 # GPU builds, so we guard its body with HAVE_GPU and build the CPU extension with Gloo (and MPI
 # when an MPI compiler is on PATH). The wheel is cached per (Horovod, TensorFlow, Python)
-# version in $TFDIST_WHEEL_CACHE (default ~/.cache/tfdist/wheels): later installs take seconds.
+# version and controllers (Gloo, or Gloo + MPI) in $TFDIST_WHEEL_CACHE (default ~/.cache/tfdist/wheels): later installs take seconds.
 # Needs cmake >= 3.13 and g++. Any failure stops the install (set -e): nothing is skipped.
 set -euo pipefail
 
 python=${1:?usage: $0 VENV_PYTHON}
 version=0.28.1
 
-if "$python" -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$version'" 2>/dev/null; then
+# With an MPI compiler on the PATH the build must include MPI (a Gloo-only Horovod built before
+# Open MPI was installed is rebuilt).
+if command -v mpicxx >/dev/null; then with_mpi=1; controllers=gloo-mpi; else with_mpi=0; controllers=gloo; fi
+if "$python" -c "import horovod, horovod.tensorflow as hvd; assert horovod.__version__ == '$version'
+assert hvd.mpi_built() or not $with_mpi" 2>/dev/null; then
     exit 0
 fi
 
@@ -24,7 +28,7 @@ done
 
 tf_version=$("$python" -c "import tensorflow as tf; print(tf.__version__)")
 py_tag=$("$python" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
-cache=${TFDIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfdist/wheels}/horovod-$version-tf$tf_version-$py_tag
+cache=${TFDIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfdist/wheels}/horovod-$version-tf$tf_version-$py_tag-$controllers
 wheel=$(ls "$cache"/horovod-$version-*.whl 2>/dev/null | head -n 1 || true)
 
 if [[ -z $wheel ]]; then
@@ -39,7 +43,7 @@ if [[ -z $wheel ]]; then
     grep -q '^#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU$' "$xla" \
         || { echo "install_horovod: the compatibility patch did not apply to $xla" >&2; exit 1; }
 
-    if command -v mpicxx >/dev/null; then mpi=HOROVOD_WITH_MPI=1; else mpi=HOROVOD_WITHOUT_MPI=1; fi
+    if [[ $with_mpi == 1 ]]; then mpi=HOROVOD_WITH_MPI=1; else mpi=HOROVOD_WITHOUT_MPI=1; fi
     # Build dependencies come from the venv (TensorFlow must be the installed one: no isolation).
     "$python" -m pip install --quiet cloudpickle psutil pyyaml packaging
     env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "$mpi" HOROVOD_WITHOUT_PYTORCH=1 \
@@ -50,6 +54,7 @@ if [[ -z $wheel ]]; then
     wheel=$(ls "$cache"/horovod-$version-*.whl | head -n 1)
 fi
 
-"$python" -m pip install --quiet "$wheel"
-"$python" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built(), 'Horovod built without Gloo'"
+"$python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+"$python" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built(), 'Horovod built without Gloo'
+assert hvd.mpi_built() or not $with_mpi, 'Horovod built without MPI although mpicxx is present'"
 echo "install_horovod: Horovod $version installed ($wheel)"

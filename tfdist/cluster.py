@@ -6,9 +6,26 @@ Sources are tried in this order, and the first one present wins:
 2. the `horovodrun` environment (`HOROVOD_RANK`, `HOROVOD_SIZE`, ...); peer
    addresses for tfdist's own transports are exchanged later through Horovod;
 3. `TF_CONFIG` (Kubeflow TFJob / tf.distribute convention, jobs `chief`,
-   `worker` and `ps`); training processes are the chief (rank 0, if present)
-   followed by the workers in index order; `ps` tasks are parameter servers;
-4. otherwise a single process.
+   `worker` and `ps`; Ray Train's `TensorflowTrainer` sets it too); training
+   processes are the chief (rank 0, if present) followed by the workers in
+   index order; `ps` tasks are parameter servers;
+4. Open MPI's `mpirun` (`OMPI_COMM_WORLD_RANK`, `..._SIZE`, `..._LOCAL_RANK`):
+   the workers' addresses are swapped through MPI (mpi4py) when the
+   TensorFlow transport starts;
+5. a Slurm job step started by `srun` (`SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`,
+   `SLURM_LOCALID`, `SLURM_STEP_NODELIST`): the addresses are swapped through
+   a key-value store (Horovod's rendezvous store) that rank 0 serves on the
+   first host of the step's node list, at `TFDIST_RENDEZVOUS_PORT` or a port
+   derived from the job and step ids;
+6. a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`) whose pods set
+   `TFDIST_SERVICE` (the headless Service that names them) and
+   `TFDIST_NUM_PROCESSES`: rank i is the pod `<job>-<i>.<service>`, at
+   `TFDIST_PORT` (default 2222); nothing to swap;
+7. otherwise a single process.
+
+Under mpirun, srun and Kubernetes every process is a training process
+(parameter-server shards are co-located with the workers); dedicated servers
+need tfdist-run --num-servers or TF_CONFIG `ps` tasks.
 
 Example:
 
@@ -33,6 +50,20 @@ ENV_SERVER_ADDRESSES = "TFDIST_SERVER_ADDRESSES"
 ENV_ROLE = "TFDIST_ROLE"
 ENV_SERVER_INDEX = "TFDIST_SERVER_INDEX"
 ENV_TIMEOUT = "TFDIST_TIMEOUT"
+# Set by the user (or a job manifest) under the cluster engines' launchers.
+ENV_HOST = "TFDIST_HOST"  # the name peers reach this process by (default: host name)
+ENV_RENDEZVOUS_PORT = "TFDIST_RENDEZVOUS_PORT"  # srun: port of rank 0's store
+ENV_NUM_SERVERS = "TFDIST_NUM_SERVERS"  # refused under srun / mpirun (see module doc)
+ENV_SERVICE = "TFDIST_SERVICE"  # Kubernetes: the headless Service's name
+ENV_NUM_PROCESSES = "TFDIST_NUM_PROCESSES"  # Kubernetes: the Indexed Job's completions
+ENV_PORT = "TFDIST_PORT"  # Kubernetes: every pod's TensorFlow port
+ENV_JOB_NAME = "TFDIST_JOB_NAME"  # Kubernetes: the Job's name (default: from HOSTNAME)
+
+DEFAULT_KUBERNETES_PORT = 2222
+# srun without TFDIST_RENDEZVOUS_PORT: a port in [base, base + span) from the job and step ids,
+# below Linux's ephemeral range (32768-60999) so that no outgoing connection holds it.
+RENDEZVOUS_PORT_BASE = 20000
+RENDEZVOUS_PORT_SPAN = 10000
 
 ROLE_WORKER = "worker"
 ROLE_SERVER = "server"
@@ -52,9 +83,14 @@ class Cluster:
         role: "worker" for a training process, "server" for a parameter server.
         server_index: index of this server among the servers (servers only).
         launcher: where the description came from: "tfdist-run",
-            "horovodrun", "TF_CONFIG" or "single".
+            "horovodrun", "TF_CONFIG", "mpirun", "srun", "kubernetes" or
+            "single".
         timeout: seconds any blocking wait for a peer may last.
         local_rank: index of this process among those on its host.
+        host: the name the peers reach this process by, where the launcher
+            leaves the addresses to be swapped (horovodrun, mpirun, srun).
+        rendezvous_address: "host:port" of the store the addresses are
+            swapped through (srun: rank 0 serves it).
     """
 
     rank: int = 0
@@ -66,6 +102,8 @@ class Cluster:
     launcher: str = "single"
     timeout: float = DEFAULT_TIMEOUT_SECONDS
     local_rank: int = 0
+    host: str = None
+    rendezvous_address: str = None
 
     @property
     def is_chief(self):
@@ -87,6 +125,12 @@ def discover(environ=None):
         return _from_horovodrun(environ, timeout)
     if environ.get("TF_CONFIG", "").strip():
         return parse_tf_config(environ["TF_CONFIG"], timeout=timeout)
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return _from_open_mpi(environ, timeout)
+    if "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ:
+        return _from_srun(environ, timeout)
+    if "JOB_COMPLETION_INDEX" in environ and environ.get(ENV_SERVICE):
+        return _from_kubernetes(environ, timeout)
     return Cluster(timeout=timeout)
 
 
@@ -159,6 +203,134 @@ def _from_horovodrun(environ, timeout):
     if not 0 <= rank < size:
         raise ValueError(f"HOROVOD_RANK={rank} is out of range for HOROVOD_SIZE={size}.")
     return Cluster(rank, size, (), (), ROLE_WORKER, None, "horovodrun", timeout, local_rank)
+
+
+def _rank_and_size(environ, rank_name, size_name, local_name):
+    size = _int_env(environ, size_name)
+    rank = _int_env(environ, rank_name)
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"{rank_name}={rank} is out of range for {size_name}={size}.")
+    return rank, size, _int_env(environ, local_name, default=0)
+
+
+def _refuse_dedicated_servers(environ, launcher):
+    if environ.get(ENV_NUM_SERVERS, "0").strip() not in ("", "0"):
+        raise ValueError(
+            f"{ENV_NUM_SERVERS} is set, but under {launcher} every process trains: tfdist "
+            "cannot tell the servers their peers' addresses before training starts. "
+            "ParameterServerStrategy co-locates its shards with the workers there; for "
+            "dedicated servers launch with `tfdist-run --num-servers K` or TF_CONFIG 'ps' tasks."
+        )
+
+
+def _this_host(environ, default=None):
+    import socket  # pylint: disable=import-outside-toplevel
+
+    return environ.get(ENV_HOST) or default or socket.gethostname()
+
+
+def _from_open_mpi(environ, timeout):
+    _refuse_dedicated_servers(environ, "mpirun")
+    rank, size, local_rank = _rank_and_size(
+        environ, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
+    return Cluster(rank, size, (), (), ROLE_WORKER, None, "mpirun", timeout, local_rank,
+                   host=_this_host(environ))
+
+
+def _from_srun(environ, timeout):
+    _refuse_dedicated_servers(environ, "srun")
+    size_name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
+    rank, size, local_rank = _rank_and_size(environ, "SLURM_PROCID", size_name, "SLURM_LOCALID")
+    node_list = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if not node_list:
+        raise ValueError("srun: SLURM_STEP_NODELIST is not set; cannot find the first host.")
+    first_host = expand_hostlist(node_list)[0]
+    if ENV_RENDEZVOUS_PORT in environ:
+        port = _int_env(environ, ENV_RENDEZVOUS_PORT)
+        if not 0 < port < 65536:
+            raise ValueError(f"{ENV_RENDEZVOUS_PORT} must be a port number. Got: {port}")
+    else:
+        port = rendezvous_port(_int_env(environ, "SLURM_JOB_ID", default=0),
+                               _int_env(environ, "SLURM_STEP_ID", default=0))
+    return Cluster(rank, size, (), (), ROLE_WORKER, None, "srun", timeout, local_rank,
+                   host=_this_host(environ, environ.get("SLURMD_NODENAME")),
+                   rendezvous_address=f"{first_host}:{port}")
+
+
+def rendezvous_port(job_id, step_id):
+    """The port rank 0 of a Slurm job step serves its address store on (same on every task)."""
+    return RENDEZVOUS_PORT_BASE + (job_id * 31 + step_id) % RENDEZVOUS_PORT_SPAN
+
+
+def expand_hostlist(text):
+    """Slurm's compressed host list, expanded: "gpu[01-03,07],login" -> gpu01 .. gpu07, login.
+
+    Handles several bracket groups in one name ("rack[1-2]-n[1-2]"), keeps
+    zero padding, and raises ValueError naming the text when it is malformed.
+    """
+    names, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if depth < 0 or depth > 1:
+            raise ValueError(f"Malformed Slurm host list {text!r}.")
+        if char == "," and depth == 0:
+            if text[start:i].strip():
+                names.extend(_expand_host(text[start:i].strip(), text))
+            start = i + 1
+    if depth or not names:
+        raise ValueError(f"Malformed Slurm host list {text!r}.")
+    return names
+
+
+def _expand_host(pattern, text):
+    if "[" not in pattern:
+        return [pattern]
+    head, rest = pattern.split("[", 1)
+    if "]" not in rest:
+        raise ValueError(f"Malformed Slurm host list {text!r}.")
+    ranges, tail = rest.split("]", 1)
+    values = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"Malformed range {part!r} in Slurm host list {text!r}.")
+        high = high or low
+        values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return [head + value + end for value in values for end in _expand_host(tail, text)]
+
+
+def _from_kubernetes(environ, timeout):
+    index = _int_env(environ, "JOB_COMPLETION_INDEX")
+    if ENV_NUM_PROCESSES not in environ:
+        raise ValueError(
+            f"Kubernetes Indexed Job: {ENV_SERVICE} is set but {ENV_NUM_PROCESSES} is not; set "
+            "it to the Job's completions (see examples/kubernetes/)."
+        )
+    size = _int_env(environ, ENV_NUM_PROCESSES)
+    if size < 1 or not 0 <= index < size:
+        raise ValueError(
+            f"JOB_COMPLETION_INDEX={index} is out of range for {ENV_NUM_PROCESSES}={size}."
+        )
+    port = _int_env(environ, ENV_PORT, default=DEFAULT_KUBERNETES_PORT)
+    job = environ.get(ENV_JOB_NAME)
+    if not job:
+        hostname = environ.get("HOSTNAME", "")
+        suffix = f"-{index}"
+        if not hostname.endswith(suffix):
+            raise ValueError(
+                f"Kubernetes Indexed Job: the pod's HOSTNAME {hostname!r} is not "
+                f"'<job name>{suffix}'; set {ENV_JOB_NAME} to the Job's name."
+            )
+        job = hostname[: -len(suffix)]
+    service = environ[ENV_SERVICE]
+    workers = tuple(f"{job}-{i}.{service}:{port}" for i in range(size))
+    for address in workers:
+        validate_address(address, f"{ENV_SERVICE}/{ENV_JOB_NAME}")
+    return Cluster(index, size, workers if size > 1 else (), (), ROLE_WORKER, None,
+                   "kubernetes", timeout, 0)
 
 
 def validate_address(address, field):

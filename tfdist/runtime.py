@@ -14,10 +14,12 @@ closed, last registered first, then the communicators.
 
 Engines:
   "collective"  TensorFlow collective ops over gRPC (`tfdist.comm.tf_collective`);
-                needs every worker's "host:port": given by tfdist-run and
-                TF_CONFIG, exchanged through Horovod under horovodrun.
+                needs every worker's "host:port": given by tfdist-run,
+                TF_CONFIG and Kubernetes, swapped under horovodrun, mpirun
+                and srun (`tfdist.comm.address_exchange`).
   "horovod"     Horovod's ops (`tfdist.comm.horovod`); needs a process started
-                by horovodrun or `tfdist-run --horovod`.
+                by horovodrun, `tfdist-run --horovod`, or mpirun (with a
+                Horovod built with MPI).
 """
 
 import atexit
@@ -49,8 +51,18 @@ def cluster():
 
 
 def launched_with_horovod():
-    """True when Horovod knows this process's peers (horovodrun or tfdist-run --horovod)."""
-    return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
+    """True when Horovod knows this process's peers.
+
+    That is: started by horovodrun or `tfdist-run --horovod` (Gloo), or by
+    mpirun (`horovodrun --mpi` runs mpirun) with a Horovod built with MPI.
+    """
+    if "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ:
+        return True
+    if cluster().launcher != "mpirun":
+        return False
+    from tfdist.comm.horovod import horovod_mpi_built
+
+    return horovod_mpi_built()
 
 
 def communicator(engine="collective", fusion_threshold_bytes=None):
@@ -133,28 +145,22 @@ def _start_collective(spec):
     from tfdist.comm.tf_collective import CollectiveCommunicator
 
     if not spec.worker_addresses:
-        if not launched_with_horovod():
-            raise RuntimeError(
-                f"tfdist rank {spec.rank}: launched by {spec.launcher} without worker "
-                "addresses; TensorFlow collectives need them (use tfdist-run, TF_CONFIG "
-                "or horovodrun)."
-            )
         spec = _cluster = dataclasses.replace(
-            spec, worker_addresses=_exchange_addresses_through_horovod(spec)
+            spec, worker_addresses=_exchange_addresses(spec)
         )
     return CollectiveCommunicator(spec)
 
 
-def _exchange_addresses_through_horovod(spec):
-    """Under horovodrun: each rank picks a free port and all ranks swap "host:port".
+def _exchange_addresses(spec):
+    """Under horovodrun, mpirun and srun: pick a free port and swap "host:port" with every rank.
 
-    The host is the name horovodrun gave this slot (reachable by the peers,
-    since horovodrun itself reached it), else this machine's host name.
+    The host is the name the launcher gave this slot (reachable by the
+    peers), else TFDIST_HOST, else this machine's host name.
     """
-    from tfdist.comm.gloo_rendezvous import all_gather_strings
+    from tfdist.comm.address_exchange import exchange_worker_addresses
     from tfdist.comm.ports import pick_ports
 
-    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-    port = pick_ports(1, host="")[0]
-    return tuple(all_gather_strings(spec.rank, spec.world_size, f"{host}:{port}",
-                                    spec.timeout, scope="tfdist-worker-addresses"))
+    if spec.launcher == "horovodrun":
+        host = os.environ.get("HOROVOD_HOSTNAME") or spec.host or socket.gethostname()
+        spec = dataclasses.replace(spec, host=host)
+    return tuple(exchange_worker_addresses(spec, pick_ports(1, host="")[0]))

@@ -57,6 +57,14 @@ def horovod_available():
     return True
 
 
+def horovod_mpi_built():
+    """True when Horovod is installed and built with MPI (it can run under plain mpirun)."""
+    try:
+        return bool(import_horovod().mpi_built())
+    except ImportError:
+        return False
+
+
 DEFAULT_CYCLE_TIME_MS = "0.1"  # unless HOROVOD_CYCLE_TIME (horovodrun --cycle-time-ms) is set
 
 
