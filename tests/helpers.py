@@ -25,6 +25,8 @@ def _job_env(run_timeout, extra_env):
         env.pop(stale, None)
     env["TFDIST_TIMEOUT"] = str(run_timeout)
     env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stacks
+    if os.getuid() == 0:  # Open MPI refuses root without these (what a root user must set)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.update(extra_env or {})
     return env
 
@@ -32,12 +34,21 @@ def _job_env(run_timeout, extra_env):
 def launch_command(kind, np_, script_args, run_timeout=120, launcher=None):
     """The command line that starts `np_` processes of `python <script_args>`.
 
-    kind: "tfdist-run" (with extra `launcher` arguments) or "horovodrun" (Gloo, this host).
+    kind: "tfdist-run" (with extra `launcher` arguments), "horovodrun" (Gloo,
+    this host), "mpirun" (Open MPI, this host, more processes than cores
+    allowed), "srun" (the local Slurm of scripts/local_slurm.sh) or "ray"
+    (Ray Train's TensorflowTrainer, tests/scripts/ray_train_job.py).
     """
     if kind == "horovodrun":
         horovodrun_path = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         return [horovodrun_path, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
                 sys.executable] + script_args
+    if kind == "mpirun":
+        return ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable] + script_args
+    if kind == "srun":
+        return ["srun", "-n", str(np_), sys.executable] + script_args
+    if kind == "ray":
+        return [sys.executable, script("ray_train_job.py"), str(np_)] + script_args
     return [sys.executable, "-m", "tfdist.launch", "-np", str(np_), "--timeout",
             str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
 
@@ -59,6 +70,12 @@ def tfdist_run(np_, script_args, timeout=600, run_timeout=120, extra_env=None, l
 def horovodrun(np_, script_args, timeout=600, run_timeout=120, extra_env=None):
     """Run `horovodrun --gloo -np np_ python <script_args>` on this host."""
     return _run(launch_command("horovodrun", np_, script_args),
+                _job_env(run_timeout, extra_env), timeout)
+
+
+def run_job(kind, np_, script_args, timeout=600, run_timeout=120, extra_env=None):
+    """Run `np_` processes of `python <script_args>` under launcher `kind` (see launch_command)."""
+    return _run(launch_command(kind, np_, script_args),
                 _job_env(run_timeout, extra_env), timeout)
 
 

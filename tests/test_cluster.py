@@ -1,4 +1,4 @@
-"""Cluster discovery: tfdist-run env, horovodrun env, TF_CONFIG, single process."""
+"""Cluster discovery: tfdist-run, horovodrun, TF_CONFIG, mpirun, srun, Kubernetes, single process."""
 
 import json
 
@@ -103,3 +103,103 @@ def test_malformed_tf_config_names_the_field(text, field):
 def test_bad_tfdist_environment(env, message):
     with pytest.raises(ValueError, match=message):
         cluster.discover(env)
+
+
+# --- the cluster engines' launchers: mpirun, srun, Kubernetes Indexed Jobs -----------------
+
+SRUN_TASK = {  # what srun -n 3 sets in task 1 (a Slurm 22.05 step; trimmed)
+    "SLURM_JOB_ID": "22", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURMD_NODENAME": "gpu07",
+}
+
+
+def test_open_mpi_environment():
+    c = cluster.discover({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3",
+                          "OMPI_COMM_WORLD_LOCAL_RANK": "0", "TFDIST_HOST": "node7"})
+    assert (c.rank, c.world_size, c.local_rank, c.launcher, c.host) == (2, 3, 0, "mpirun",
+                                                                         "node7")
+    assert c.worker_addresses == ()  # swapped through MPI when the transport starts
+
+
+def test_srun_step_environment_and_rendezvous():
+    c = cluster.discover(SRUN_TASK)
+    assert (c.rank, c.world_size, c.local_rank, c.launcher, c.host) == (1, 3, 1, "srun", "gpu07")
+    assert c.rendezvous_address == f"gpu07:{cluster.rendezvous_port(22, 0)}"
+    assert cluster.RENDEZVOUS_PORT_BASE <= cluster.rendezvous_port(22, 0) < 30000
+    assert cluster.rendezvous_port(22, 1) != cluster.rendezvous_port(22, 0)
+    c = cluster.discover(dict(SRUN_TASK, TFDIST_RENDEZVOUS_PORT="4567"))
+    assert c.rendezvous_address == "gpu07:4567"
+
+
+def test_a_batch_script_or_salloc_shell_is_not_a_job_step():
+    # sbatch's shell has SLURM_PROCID=0 and the job's SLURM_NTASKS, but no step: one process.
+    batch = {"SLURM_JOB_ID": "23", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
+    assert cluster.discover(batch).launcher == "single"
+
+
+def test_sources_are_tried_in_order():
+    # mpirun inside a Slurm allocation: the MPI ranks, not the allocation's shell.
+    mpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    assert cluster.discover(dict(SRUN_TASK, **mpi)).launcher == "mpirun"
+    # Ray Train on Slurm nodes: Ray's TF_CONFIG, not the srun step that started Ray.
+    tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                            "task": {"type": "worker", "index": 1}})
+    assert cluster.discover(dict(SRUN_TASK, TF_CONFIG=tf_config)).launcher == "TF_CONFIG"
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("gpu07", ["gpu07"]),
+    ("gpu[07-09,11],login", ["gpu07", "gpu08", "gpu09", "gpu11", "login"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+])
+def test_slurm_host_lists_expand(text, hosts):
+    assert cluster.expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["gpu[07-09", "gpu07]", "gpu[a-b]", "", "gpu[[1]]"])
+def test_malformed_slurm_host_lists_are_named(text):
+    with pytest.raises(ValueError, match="host list"):
+        cluster.expand_hostlist(text)
+
+
+@pytest.mark.parametrize("environ, message", [
+    (dict(SRUN_TASK, SLURM_PROCID="3"), "SLURM_PROCID=3 is out of range"),
+    (dict(SRUN_TASK, TFDIST_RENDEZVOUS_PORT="99999"), "TFDIST_RENDEZVOUS_PORT must be a port"),
+    (dict(SRUN_TASK, TFDIST_NUM_SERVERS="1"), "under srun every process trains"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "TFDIST_NUM_SERVERS": "2"},
+     "under mpirun every process trains"),
+    ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"},
+     "OMPI_COMM_WORLD_RANK must be an integer"),
+])
+def test_bad_launcher_environments_are_named(environ, message):
+    with pytest.raises(ValueError, match=message):
+        cluster.discover(environ)
+
+
+KUBERNETES_POD = {"JOB_COMPLETION_INDEX": "1", "HOSTNAME": "train-1",
+                  "TFDIST_SERVICE": "train-workers", "TFDIST_NUM_PROCESSES": "3"}
+
+
+def test_kubernetes_indexed_job_environment():
+    c = cluster.discover(KUBERNETES_POD)
+    assert (c.rank, c.world_size, c.launcher) == (1, 3, "kubernetes")
+    assert c.worker_addresses == ("train-0.train-workers:2222", "train-1.train-workers:2222",
+                                  "train-2.train-workers:2222")
+    c = cluster.discover(dict(KUBERNETES_POD, TFDIST_PORT="7000", TFDIST_JOB_NAME="bert",
+                              HOSTNAME="whatever"))
+    assert c.worker_addresses[2] == "bert-2.train-workers:7000"
+    # An Indexed Job without the Service (a sweep of single-process jobs) is not a cluster.
+    assert cluster.discover({"JOB_COMPLETION_INDEX": "4"}).launcher == "single"
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({k: v for k, v in KUBERNETES_POD.items() if k != "TFDIST_NUM_PROCESSES"},
+     "TFDIST_NUM_PROCESSES is not"),
+    (dict(KUBERNETES_POD, HOSTNAME="train-abcde"), "set TFDIST_JOB_NAME"),
+    (dict(KUBERNETES_POD, JOB_COMPLETION_INDEX="3"), "out of range"),
+])
+def test_bad_kubernetes_environments_are_named(environ, message):
+    with pytest.raises(ValueError, match=message):
+        cluster.discover(environ)

@@ -10,6 +10,10 @@ chief writes a checkpoint) the test SIGKILLs it. Then:
 * no process of the job is left behind;
 * the checkpoint, if one was written, loads (never a torn file).
 
+The cluster engines' launchers (mpirun, srun, Ray Train) are each killed a
+worker too; their own message names it ("process rank 1", "task 1"; Ray's
+error is printed by tests/scripts/ray_train_job.py).
+
 Killing `tfdist-run` itself ends its processes (the kernel SIGTERMs them);
 they have no terminal left to explain it to, so only "nothing left behind"
 is checked. The fast cases run in `make test`, the rest in `make test-all`.
@@ -60,9 +64,18 @@ CASES = {
                                 "Process 1 exit with status code 137"),
     "horovod-chief-during-save": ("horovodrun", 2, 0, ["--backend", "horovod"], "rank 0", "save",
                                   "Process 0 exit with status code 137"),
+    # The cluster engines' launchers (test_launchers): each names the dead process itself.
+    "mpirun-worker-mid-step": ("mpirun", 2, 0, ["--backend", "collective"], "rank 1", "train",
+                               "process rank 1 with PID"),
+    "srun-worker-mid-step": ("srun", 2, 0, ["--strategy", "ring"], "rank 1", "train",
+                             "task 1"),
+    # Ray relays the workers' output a second or more late: steps of 0.5 s.
+    "ray-worker-mid-step": ("ray", 2, 0, ["--strategy", "ring", "--step-delay", "0.5"],
+                            "rank 1", "train", "the Ray Train run failed"),
 }
 FAST = ("worker-mid-step", "chief-during-save", "worker-during-evaluate-tf-config",
-        "server-mid-step", "launcher-mid-step", "async-server-mid-step-tf-config")
+        "server-mid-step", "launcher-mid-step", "async-server-mid-step-tf-config",
+        "mpirun-worker-mid-step", "srun-worker-mid-step", "ray-worker-mid-step")
 
 
 class Job:
@@ -160,6 +173,9 @@ def test_sigkill_fails_the_job_cleanly(tmp_path, case):
     if message:
         assert message in output, output[-4000:]
     assert not survivors(str(tmp_path)), f"left behind: {survivors(str(tmp_path), 0)}"
+    if launcher == "ray":  # the local Ray cluster the job started (its workers, raylet, GCS)
+        ray_processes = r"ray::|/raylet/raylet|/gcs/gcs_server"
+        assert not survivors(ray_processes), f"left behind: {survivors(ray_processes, 0)}"
     checkpoint = tmp_path / "ckpt.keras"
     if checkpoint.exists():
         keras.saving.load_model(checkpoint, compile=False)  # a torn file fails to load

@@ -1,13 +1,14 @@
 """Worker script for the kill matrix: announces each phase so a test can SIGKILL a process in it.
 
     python kill_target.py WORKDIR [--strategy ring|ps|ps-async|tree] [--backend auto|horovod]
+                                  [--step-delay SECONDS]
 
 Every process prints "tfdist-kill <who> pid <pid> phase <phase>" (who: "rank R"
 or "server K") as it reaches a phase:
 
   start      before the strategy is created (servers: then they serve)
-  train      as epoch 1 of `fit` starts (steps take 0.05 s more)
-  evaluate   as `evaluate` after `fit` starts (steps take 0.05 s more)
+  train      as epoch 1 of `fit` starts (steps take --step-delay, 0.05 s, more)
+  evaluate   as `evaluate` after `fit` starts (steps take --step-delay more)
   save       as the chief starts writing WORKDIR/ckpt.keras (ModelCheckpoint, each epoch)
 
 then "rank R finished". The model has ~1.1 M parameters, so a checkpoint takes a
@@ -34,9 +35,9 @@ def announce(who, phase):
 class Phases(keras.callbacks.Callback):
     """Announces the train/evaluate/save phases; placed before ModelCheckpoint."""
 
-    def __init__(self, who, is_chief):
+    def __init__(self, who, is_chief, step_delay):
         super().__init__()
-        self.who, self.is_chief = who, is_chief
+        self.who, self.is_chief, self.step_delay = who, is_chief, step_delay
         self.fitting = True
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -44,7 +45,7 @@ class Phases(keras.callbacks.Callback):
             announce(self.who, "train")
 
     def on_train_batch_end(self, batch, logs=None):
-        time.sleep(0.05)
+        time.sleep(self.step_delay)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.is_chief:
@@ -55,7 +56,7 @@ class Phases(keras.callbacks.Callback):
             announce(self.who, "evaluate")
 
     def on_test_batch_end(self, batch, logs=None):
-        time.sleep(0.05)
+        time.sleep(self.step_delay)
 
 
 STRATEGIES = {
@@ -72,6 +73,8 @@ def main():
     parser.add_argument("workdir")
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--step-delay", type=float, default=0.05,
+                        help="seconds added to each step (longer where output arrives late)")
     args = parser.parse_args()
     cluster = runtime.cluster()
     who = f"server {cluster.server_index}" if cluster.is_server else f"rank {cluster.rank}"
@@ -85,7 +88,7 @@ def main():
                                   keras.layers.Dense(1024, activation="relu"),
                                   keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
-    phases = Phases(who, strategy.is_chief)
+    phases = Phases(who, strategy.is_chief, args.step_delay)
     model.fit(x, y, batch_size=64, epochs=3, verbose=0, callbacks=[
         phases, keras.callbacks.ModelCheckpoint(os.path.join(args.workdir, "ckpt.keras"))])
     phases.fitting = False
