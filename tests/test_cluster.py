@@ -203,3 +203,31 @@ def test_kubernetes_indexed_job_environment():
 def test_bad_kubernetes_environments_are_named(environ, message):
     with pytest.raises(ValueError, match=message):
         cluster.discover(environ)
+
+
+def test_the_kubernetes_example_describes_a_cluster_tfdist_discovers():
+    """examples/kubernetes/tfdist-job.yaml: each pod's environment gives every peer's address."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "kubernetes",
+                        "tfdist-job.yaml")
+    with open(path) as f:
+        documents = {d["kind"]: d for d in yaml.safe_load_all(f)}
+    service, job = documents["Service"], documents["Job"]
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    size = job["spec"]["completions"]
+    name, service_name = job["metadata"]["name"], service["metadata"]["name"]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["parallelism"] == size
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service_name
+    assert service["spec"]["selector"] == {"job-name": name}
+    port = container["ports"][0]["containerPort"]
+    expected = tuple(f"{name}-{i}.{service_name}:{port}" for i in range(size))
+    for index in range(size):  # what Kubernetes adds to each pod's environment
+        c = cluster.discover(dict(env, JOB_COMPLETION_INDEX=str(index),
+                                  HOSTNAME=f"{name}-{index}"))
+        assert (c.rank, c.world_size, c.launcher) == (index, size, "kubernetes")
+        assert c.worker_addresses == expected
