@@ -27,7 +27,11 @@ def _job_env(run_timeout, extra_env):
     env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stacks
     if os.getuid() == 0:  # Open MPI refuses root without these (what a root user must set)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.update(extra_env or {})
+    for name, value in (extra_env or {}).items():  # None: leave the variable unset
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 

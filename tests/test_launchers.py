@@ -122,3 +122,15 @@ def test_the_address_store_names_the_ranks_that_never_came():
         server.server_close()
     with pytest.raises(TimeoutError, match="did not answer within"):
         address_exchange.all_gather_strings(1, 3, "there:2", 0.5, "localhost", port)
+
+
+def test_mpirun_output_is_as_quiet_as_tfdist_run():
+    # No TensorFlow start-up notice from any rank; Keras' warning once; the user's on each rank.
+    done = run_job("mpirun", 2, [script("quiet_job.py")], timeout=300,
+                   extra_env={"TF_CPP_MIN_LOG_LEVEL": None})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, failure_report(done)
+    assert output.count("quiet_job rank") == 2
+    assert "cpu_feature_guard" not in output and "absl::InitializeLog" not in output, output
+    assert output.count("Do not pass an `input_shape`") == 1, output
+    assert output.count("UserWarning: quiet_job: a warning of the user's own") == 2, output

@@ -6,7 +6,11 @@ cluster parsing) start without loading TensorFlow.
 
 import importlib
 
+from tfdist import quiet_output as _quiet_output
+
 __version__ = "0.1.0"
+
+_quiet_output.before_tensorflow()  # TensorFlow's start-up notices, if it is not imported yet
 
 _SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "compression", "optimizers",
                "profiling", "runtime", "strategies")

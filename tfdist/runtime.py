@@ -31,6 +31,7 @@ import threading
 from absl import logging
 
 from tfdist import cluster as cluster_lib
+from tfdist import quiet_output
 
 ENGINES = ("collective", "horovod")
 
@@ -47,6 +48,7 @@ def cluster():
     with _lock:
         if _cluster is None:
             _cluster = cluster_lib.discover()
+            quiet_output.after_discovery(_cluster)
         return _cluster
 
 
