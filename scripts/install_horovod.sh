@@ -54,6 +54,8 @@ if [[ -z $wheel ]]; then
     wheel=$(ls "$cache"/horovod-$version-*.whl | head -n 1)
 fi
 
+"$python" -m pip install --quiet "$wheel"   # with Horovod's dependencies (psutil, cloudpickle, ...)
+# The same version built without MPI may be installed already: replace it with this build.
 "$python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 "$python" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built(), 'Horovod built without Gloo'
 assert hvd.mpi_built() or not $with_mpi, 'Horovod built without MPI although mpicxx is present'"
