@@ -1,8 +1,8 @@
 """`tfdist-bench --only anatomy`: what a distributed training step costs beyond one process's.
 
 The digits demo job (global batch 64) on 1 process and on 2 processes for
-each strategy (ring on TF collectives and on Horovod, tree, co-located
-parameter server), in interleaved rounds: per step, the communications
+each strategy (ring on TF collectives, on Horovod over Gloo and on Horovod
+over MPI under mpirun, tree, co-located parameter server), in interleaved rounds: per step, the communications
 inside the compiled step, the eager exchanges between steps, the Python
 batch callbacks tfdist adds, the communication time (tfdist's counters) and
 the wall time, and each configuration's step time over one process's.
@@ -15,13 +15,14 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.harness import HERE, write_result
+from benchmarks.harness import HERE, mpirun_command, mpirun_env, write_result
 
 ROUNDS = 4
 CONFIGS = {  # name: (processes, launcher flags, worker arguments)
     "1_process": (1, [], ["ring"]),
     "ring_collective": (2, [], ["ring", "collective"]),
     "ring_horovod": (2, ["--horovod"], ["ring", "horovod"]),
+    "ring_horovod_mpi": (2, "mpirun", ["ring", "horovod"]),  # Open MPI: shared memory
     "tree": (2, [], ["tree"]),
     "ps_colocated": (2, [], ["ps"]),
 }
@@ -30,9 +31,12 @@ CONFIGS = {  # name: (processes, launcher flags, worker arguments)
 def _job(tmp, name, index):
     processes, flags, arguments = CONFIGS[name]
     out = os.path.join(tmp, f"anatomy{index}.json")
-    command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), *flags,
-               sys.executable, os.path.join(HERE, "step_anatomy.py"), out, *arguments]
-    subprocess.run(command, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
+    worker = [sys.executable, os.path.join(HERE, "step_anatomy.py"), out, *arguments]
+    if flags == "mpirun":
+        subprocess.run(mpirun_command(processes) + worker, env=mpirun_env(), check=True)
+    else:
+        command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), *flags] + worker
+        subprocess.run(command, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
     with open(out) as f:
         return json.load(f)
 

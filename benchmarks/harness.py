@@ -61,6 +61,26 @@ def launch(np_, worker, args, flags=()):
     subprocess.run(command, env=env, check=True)
 
 
+def mpirun_command(np_):
+    """`mpirun` for np_ local processes (Open MPI; root allowed through its variables)."""
+    return ["mpirun", "--oversubscribe", "-np", str(np_)]
+
+
+def mpirun_env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if os.getuid() == 0:  # Open MPI refuses root without these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def launch_mpirun(np_, worker, args):
+    """Run benchmarks/`worker` under Open MPI's mpirun with np_ processes; fail loudly."""
+    command = mpirun_command(np_) + [sys.executable, os.path.join(HERE, worker)] + [
+        str(a) for a in args]
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, env=mpirun_env(), check=True)
+
+
 def launch_rows(tmp, worker, launches, args=()):
     """Run `worker` once per (processes, launcher flags); return all the rows it wrote.
 

@@ -1,0 +1,109 @@
+"""`tfdist-bench --only engines`: all-reduce on each engine on one host, MPI vs Gloo vs TF.
+
+Horovod's all-reduce runs on Gloo (TCP over loopback, `tfdist-run --horovod`)
+or on MPI (Open MPI under `mpirun`: shared memory between local processes);
+tfdist's own ring runs on TensorFlow's collectives (gRPC). The same worker
+(`allreduce_backends.py`) runs under both launchers at P = 2, in alternating
+rounds (Gloo, MPI, MPI, Gloo, ...), and times inside each process, per payload
+size (4 KB to 64 MB), Horovod's raw `grouped_allreduce` on that run's
+engine interleaved with tfdist's ring on TF collectives. Each engine is
+compared to the TF ring measured in the same processes at the same moment
+(mpi_over_tf, gloo_over_tf: medians over rounds); MPI over Gloo is the ratio
+of those two. Result: benchmarks/results/engine_curves.json and
+engine_curves.png (bus bandwidth, NCCL convention 2 (P - 1) / P bytes / time).
+"""
+
+import json
+import os
+import statistics
+
+from benchmarks.harness import launch, launch_mpirun, write_result
+from benchmarks.plotting import pyplot, save
+
+ROUNDS = 4
+PROCESSES = 2
+ENGINES = ("gloo", "mpi")
+
+
+def _run_once(tmp, engine, index):
+    out = os.path.join(tmp, f"engines{index}.json")
+    if engine == "gloo":
+        launch(PROCESSES, "allreduce_backends.py", [out], flags=["--horovod"])
+    else:
+        launch_mpirun(PROCESSES, "allreduce_backends.py", [out])
+    with open(out) as f:
+        rows = json.load(f)
+    assert all(r["engine"] == engine for r in rows), (engine, [r["engine"] for r in rows])
+    return rows
+
+
+def run(tmp):
+    runs = {engine: [] for engine in ENGINES}
+    for round_ in range(ROUNDS):
+        for engine in (ENGINES if round_ % 2 == 0 else tuple(reversed(ENGINES))):
+            runs[engine].append(_run_once(tmp, engine, len(runs["gloo"]) + len(runs["mpi"])))
+    sizes = [r["bytes"] for r in runs["gloo"][0]]
+    table = []
+    for i, nbytes in enumerate(sizes):
+        row = {"bytes": nbytes, "processes": PROCESSES}
+        for engine in ENGINES:
+            rounds = [rows[i] for rows in runs[engine]]
+            row[f"{engine}_ms"] = statistics.median(r["raw_horovod"]["median_ms"] for r in rounds)
+            row[f"tf_ms_in_{engine}_runs"] = statistics.median(
+                r["tfdist_collective"]["median_ms"] for r in rounds)
+            row[f"{engine}_over_tf"] = statistics.median(
+                r["raw_horovod"]["median_ms"] / r["tfdist_collective"]["median_ms"]
+                for r in rounds)
+            row[f"{engine}_bus_bandwidth_MBps"] = _bus_bandwidth(nbytes, row[f"{engine}_ms"])
+        row["tf_ms"] = statistics.median([row["tf_ms_in_gloo_runs"], row["tf_ms_in_mpi_runs"]])
+        row["tf_bus_bandwidth_MBps"] = _bus_bandwidth(nbytes, row["tf_ms"])
+        row["mpi_over_gloo"] = row["mpi_over_tf"] / row["gloo_over_tf"]
+        table.append(row)
+    fastest = {r["bytes"]: min(("mpi", "gloo", "tf"), key=lambda e: r[f"{e}_ms"]) for r in table}
+    result = {
+        "summary": {
+            "mpi_over_tf": {str(r["bytes"]): round(r["mpi_over_tf"], 3) for r in table},
+            "gloo_over_tf": {str(r["bytes"]): round(r["gloo_over_tf"], 3) for r in table},
+            "mpi_over_gloo": {str(r["bytes"]): round(r["mpi_over_gloo"], 3) for r in table},
+            "fastest_engine": {str(k): v for k, v in fastest.items()},
+        },
+        "rows": table, "rounds": ROUNDS,
+        "description": "median time per all-reduce of one float32 payload at P = 2 on one "
+                       "host: Horovod on Gloo (tfdist-run --horovod) and on MPI (Open MPI, "
+                       "mpirun), each timed interleaved with tfdist's ring on TF collectives "
+                       "in the same processes; *_over_tf: median over rounds of the per-run "
+                       "ratio; mpi_over_gloo = mpi_over_tf / gloo_over_tf; rounds alternate "
+                       "the launchers.",
+    }
+    write_result("engine_curves.json", result)
+    plot(table)
+    return result
+
+
+def _bus_bandwidth(nbytes, ms):
+    return 2 * (PROCESSES - 1) / PROCESSES * nbytes / (ms / 1e3) / 1e6
+
+
+def plot(table):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    sizes = [r["bytes"] for r in table]
+    for engine, color, label in (("mpi", "tab:green", "Horovod on MPI (Open MPI)"),
+                                 ("gloo", "tab:blue", "Horovod on Gloo"),
+                                 ("tf", "tab:red", "tfdist ring on TF collectives")):
+        left.plot(sizes, [r[f"{engine}_ms"] for r in table], marker="o", markersize=3,
+                  color=color, label=label)
+        right.plot(sizes, [r[f"{engine}_bus_bandwidth_MBps"] for r in table], marker="o",
+                   markersize=3, color=color, label=label)
+    for ax, ylabel in ((left, "median time per all-reduce (ms)"), (right, "bus bandwidth (MB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("payload (bytes)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle(f"All-reduce on one host, P = {PROCESSES}: latency and bandwidth per engine")
+    fig.tight_layout()
+    save(fig, "engine_curves.png")
