@@ -11,12 +11,14 @@ STRESS_ARGS ?=
 .PHONY: install demo test test-all bench stress clean
 
 # TFDIST_WITHOUT_MPI=1: no Open MPI, no mpi4py, Horovod on Gloo only (mpirun jobs unavailable).
+WITHOUT_MPI := $(filter 1 yes true,$(TFDIST_WITHOUT_MPI))
+export TFDIST_WITHOUT_MPI := $(if $(WITHOUT_MPI),1,)
 comma  := ,
-EXTRAS := cpu,profile,test,examples,ray$(if $(TFDIST_WITHOUT_MPI),,$(comma)mpi)
+EXTRAS := cpu,profile,test,examples,ray$(if $(WITHOUT_MPI),,$(comma)mpi)
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh scripts/install_mpi.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(if $(TFDIST_WITHOUT_MPI),,scripts/install_mpi.sh   # Open MPI (apt-get as root), else a clear message)
+	$(if $(WITHOUT_MPI),,scripts/install_mpi.sh   # Open MPI (apt-get as root), else a clear message)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	scripts/install_horovod.sh $(BIN)/python   # built once per machine (cmake, g++), then cached

@@ -17,7 +17,7 @@ import json
 import os
 import statistics
 
-from benchmarks.harness import launch, launch_mpirun, write_result
+from benchmarks.harness import launch, launch_mpirun, mpirun_available, write_result
 from benchmarks.plotting import pyplot, save
 
 ROUNDS = 4
@@ -38,6 +38,10 @@ def _run_once(tmp, engine, index):
 
 
 def run(tmp):
+    if not mpirun_available():
+        print("engines: skipped - Open MPI's mpirun or a Horovod built with MPI is missing "
+              "(make install provides both)", flush=True)
+        return None
     runs = {engine: [] for engine in ENGINES}
     for round_ in range(ROUNDS):
         for engine in (ENGINES if round_ % 2 == 0 else tuple(reversed(ENGINES))):

@@ -66,11 +66,27 @@ def mpirun_command(np_):
     return ["mpirun", "--oversubscribe", "-np", str(np_)]
 
 
+def open_mpi_root_env():
+    """What Open MPI's mpirun needs to start processes as root (it refuses otherwise)."""
+    if os.getuid() != 0:
+        return {}
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpirun_available():
+    """True when Open MPI's mpirun and a Horovod built with MPI are here (make install)."""
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    if shutil.which("mpirun") is None:
+        return False
+    probe = subprocess.run([sys.executable, "-c", "import horovod.tensorflow as h; "
+                            "raise SystemExit(0 if h.mpi_built() else 1)"],
+                           capture_output=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    return probe.returncode == 0
+
+
 def mpirun_env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    if os.getuid() == 0:  # Open MPI refuses root without these
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **open_mpi_root_env())
 
 
 def launch_mpirun(np_, worker, args):

@@ -16,9 +16,16 @@ version=0.28.1
 
 # With an MPI compiler on the PATH the build must include MPI (a Gloo-only Horovod built before
 # Open MPI was installed is rebuilt).
-if command -v mpicxx >/dev/null; then with_mpi=1; controllers=gloo-mpi; else with_mpi=0; controllers=gloo; fi
+# TFDIST_WITHOUT_MPI=1 (make install TFDIST_WITHOUT_MPI=1): Gloo only, whatever is installed.
+if [[ ${TFDIST_WITHOUT_MPI:-} != 1 ]] && command -v mpicxx >/dev/null; then
+    with_mpi=1
+    # The wheel links this MPI: its version is part of the cache key.
+    controllers=gloo-mpi-$( (mpicxx --showme:version 2>/dev/null || mpicxx -v 2>&1) | cksum | cut -d' ' -f1)
+else
+    with_mpi=0; controllers=gloo
+fi
 if "$python" -c "import horovod, horovod.tensorflow as hvd; assert horovod.__version__ == '$version'
-assert hvd.mpi_built() or not $with_mpi" 2>/dev/null; then
+assert hvd.mpi_built() == bool($with_mpi)" 2>/dev/null; then
     exit 0
 fi
 
@@ -28,7 +35,7 @@ done
 
 tf_version=$("$python" -c "import tensorflow as tf; print(tf.__version__)")
 py_tag=$("$python" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
-cache=${TFDIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfdist/wheels}/horovod-$version-tf$tf_version-$py_tag-$controllers
+cache=${TFDIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfdist/wheels}/horovod-$version-tf$tf_version-$py_tag-$(uname -m)-$controllers
 wheel=$(ls "$cache"/horovod-$version-*.whl 2>/dev/null | head -n 1 || true)
 
 if [[ -z $wheel ]]; then

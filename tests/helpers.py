@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.harness import open_mpi_root_env
 from tfdist.comm.ports import pick_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +26,7 @@ def _job_env(run_timeout, extra_env):
         env.pop(stale, None)
     env["TFDIST_TIMEOUT"] = str(run_timeout)
     env["PYTHONFAULTHANDLER"] = "1"  # a crash in native code shows the Python stacks
-    if os.getuid() == 0:  # Open MPI refuses root without these (what a root user must set)
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(open_mpi_root_env())  # what a root user must set for mpirun
     for name, value in (extra_env or {}).items():  # None: leave the variable unset
         if value is None:
             env.pop(name, None)
@@ -189,6 +189,38 @@ def assert_ranks_match_reference(reference, ranks, tolerance, what, skip=()):
 def only_configs(results, configs):
     """The entries of `results` ("<config>/<name>") that belong to `configs`."""
     return {key: value for key, value in results.items() if key.split("/", 1)[0] in configs}
+
+
+def require_launcher(kind):
+    """Skip (or fail, where CI requires it) unless launcher `kind` can start jobs here.
+
+    mpirun: Open MPI and a Horovod built with MPI (`make install` provides both; fails
+    unless TFDIST_WITHOUT_MPI is set). srun: a Slurm that runs a one-task step
+    (`scripts/local_slurm.sh` starts one; fails when TFDIST_REQUIRE_SLURM is set).
+    """
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    from benchmarks.harness import mpirun_available  # pylint: disable=import-outside-toplevel
+
+    problem, required = None, False
+    if kind == "mpirun":
+        required = not os.environ.get("TFDIST_WITHOUT_MPI")
+        if not mpirun_available():
+            problem = "Open MPI's mpirun or a Horovod built with MPI is missing (make install)"
+    elif kind == "srun":
+        required = bool(os.environ.get("TFDIST_REQUIRE_SLURM"))
+        if shutil.which("srun") is None:
+            problem = "srun is not installed (scripts/local_slurm.sh starts a one-node Slurm)"
+        else:
+            try:
+                subprocess.run(["srun", "-n", "1", "true"], check=True, timeout=60,
+                               capture_output=True)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+                problem = f"srun does not run jobs here ({e}); start Slurm: scripts/local_slurm.sh"
+    if problem:
+        if required:
+            pytest.fail(problem)
+        pytest.skip(problem)
 
 
 def case_parameters(names, fast, uses_horovod):

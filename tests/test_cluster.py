@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tfdist import cluster
+from tfdist.slurm_hostlist import expand_hostlist, first_host
 
 
 def tf_config(cluster_spec, task_type, index):
@@ -125,11 +126,20 @@ def test_open_mpi_environment():
 def test_srun_step_environment_and_rendezvous():
     c = cluster.discover(SRUN_TASK)
     assert (c.rank, c.world_size, c.local_rank, c.launcher, c.host) == (1, 3, 1, "srun", "gpu07")
-    assert c.rendezvous_address == f"gpu07:{cluster.rendezvous_port(22, 0)}"
+    assert c.rendezvous == ("gpu07", cluster.rendezvous_port(22, 0), "tfdist-22.0")
     assert cluster.RENDEZVOUS_PORT_BASE <= cluster.rendezvous_port(22, 0) < 30000
     assert cluster.rendezvous_port(22, 1) != cluster.rendezvous_port(22, 0)
-    c = cluster.discover(dict(SRUN_TASK, TFDIST_RENDEZVOUS_PORT="4567"))
-    assert c.rendezvous_address == "gpu07:4567"
+    c = cluster.discover(dict(SRUN_TASK, TFDIST_RENDEZVOUS_PORT="4567", SLURM_STEP_ID="3"))
+    assert c.rendezvous == ("gpu07", 4567, "tfdist-22.3")  # each step its own scope
+    c = cluster.discover(dict(SRUN_TASK, TFDIST_RENDEZVOUS_HOST="gpu08", TFDIST_HOST="ib-gpu07"))
+    assert (c.rendezvous.host, c.host) == ("gpu08", "ib-gpu07")
+
+
+def test_srun_task_0_off_the_first_host_is_named():
+    task0 = dict(SRUN_TASK, SLURM_PROCID="0", SLURM_LOCALID="0", SLURMD_NODENAME="gpu08")
+    with pytest.raises(ValueError, match="task 0 runs on gpu08, not on gpu07"):
+        cluster.discover(task0)
+    assert cluster.discover(dict(task0, TFDIST_RENDEZVOUS_HOST="gpu08")).rank == 0
 
 
 def test_a_batch_script_or_salloc_shell_is_not_a_job_step():
@@ -155,13 +165,21 @@ def test_sources_are_tried_in_order():
     ("n[8-10]", ["n8", "n9", "n10"]),
 ])
 def test_slurm_host_lists_expand(text, hosts):
-    assert cluster.expand_hostlist(text) == hosts
+    assert expand_hostlist(text) == hosts
+    assert first_host(text) == hosts[0]
 
 
-@pytest.mark.parametrize("text", ["gpu[07-09", "gpu07]", "gpu[a-b]", "", "gpu[[1]]"])
+def test_the_first_host_is_read_without_expanding_the_rest():
+    assert first_host("n[0005-9999999999],login") == "n0005"
+
+
+@pytest.mark.parametrize("text", ["gpu[07-09", "gpu07]", "gpu[a-b]", "", "gpu[[1]]",
+                                  "a,n[5-3]", "x]y[1]"])
 def test_malformed_slurm_host_lists_are_named(text):
     with pytest.raises(ValueError, match="host list"):
-        cluster.expand_hostlist(text)
+        expand_hostlist(text)
+    with pytest.raises(ValueError, match="host list"):
+        first_host(text)
 
 
 @pytest.mark.parametrize("environ, message", [
@@ -172,6 +190,11 @@ def test_malformed_slurm_host_lists_are_named(text):
      "under mpirun every process trains"),
     ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"},
      "OMPI_COMM_WORLD_RANK must be an integer"),
+    ({k: v for k, v in SRUN_TASK.items() if k != "SLURM_STEP_NUM_TASKS"},
+     "SLURM_STEP_NUM_TASKS is not set"),
+    # MPICH's or Intel MPI's mpiexec: not read, refused rather than N single processes.
+    ({"PMI_RANK": "1", "PMI_SIZE": "4"}, "an MPI launcher tfdist does not read"),
+    (dict(SRUN_TASK, PMI_RANK="0", PMI_SIZE="3"), "an MPI launcher .* runs inside this job step"),
 ])
 def test_bad_launcher_environments_are_named(environ, message):
     with pytest.raises(ValueError, match=message):
@@ -199,6 +222,9 @@ def test_kubernetes_indexed_job_environment():
      "TFDIST_NUM_PROCESSES is not"),
     (dict(KUBERNETES_POD, HOSTNAME="train-abcde"), "set TFDIST_JOB_NAME"),
     (dict(KUBERNETES_POD, JOB_COMPLETION_INDEX="3"), "out of range"),
+    ({k: v for k, v in KUBERNETES_POD.items() if k != "TFDIST_SERVICE"},
+     "TFDIST_NUM_PROCESSES is set but TFDIST_SERVICE is not"),
+    (dict(KUBERNETES_POD, TFDIST_NUM_SERVERS="1"), "every process trains"),
 ])
 def test_bad_kubernetes_environments_are_named(environ, message):
     with pytest.raises(ValueError, match=message):

@@ -30,7 +30,7 @@ import time
 import keras
 import pytest
 
-from helpers import case_parameters, script, start_job, tf_config_job
+from helpers import case_parameters, require_launcher, script, start_job, tf_config_job
 
 RUN_TIMEOUT = 60  # the job's timeout: every survivor must give up by itself before the ceiling
 CEILING = 240     # seconds a case may take in all on a busy machine
@@ -68,7 +68,7 @@ CASES = {
     "mpirun-worker-mid-step": ("mpirun", 2, 0, ["--backend", "collective"], "rank 1", "train",
                                "process rank 1 with PID"),
     "srun-worker-mid-step": ("srun", 2, 0, ["--strategy", "ring"], "rank 1", "train",
-                             "task 1"),
+                             "task 1: Killed"),
     # Ray relays the workers' output a second or more late: steps of 0.5 s.
     "ray-worker-mid-step": ("ray", 2, 0, ["--strategy", "ring", "--step-delay", "0.5"],
                             "rank 1", "train", "the Ray Train run failed"),
@@ -145,9 +145,12 @@ def survivors(tag, ceiling=60.0):
 
 
 @pytest.mark.parametrize("case", case_parameters(CASES, FAST,
-                                                  lambda name: CASES[name][0] == "horovodrun"))
+                                                  lambda name: CASES[name][0] in (
+                                                      "horovodrun", "mpirun", "srun")))
 def test_sigkill_fails_the_job_cleanly(tmp_path, case):
     launcher, workers, servers, strategy_args, victim, phase, message = CASES[case]
+    if launcher in ("mpirun", "srun"):
+        require_launcher(launcher)
     args = [script("kill_target.py"), str(tmp_path)] + strategy_args
     job = Job(launcher, workers, servers, args)
     pids, killed = {}, None

@@ -10,13 +10,10 @@ How each finds its peers: `tfdist.cluster` (discovery) and
 under each launcher is in test_kill_matrix.
 """
 
-import os
-import shutil
-import subprocess
-
 import pytest
 
-from helpers import failure_report, max_abs_difference, only_configs, run_job, script
+from helpers import (failure_report, max_abs_difference, only_configs, require_launcher, run_job,
+                     script)
 
 TOLERANCE = 1e-4
 CONFIGS = "adam,adam_tfdata"  # the latter: shuffled tf.data, steps_per_execution=2
@@ -42,40 +39,26 @@ def assert_matches(reference, ranks):
         assert max_abs_difference(ranks[0], other) <= 1e-6
 
 
-def require_slurm():
-    """Skip unless a Slurm answers here (`scripts/local_slurm.sh` starts one; CI requires it)."""
-    problem = None
-    if shutil.which("srun") is None:
-        problem = "srun is not installed (scripts/local_slurm.sh installs a one-node Slurm)"
-    else:
-        try:
-            subprocess.run(["srun", "-n", "1", "true"], check=True, timeout=60,
-                           capture_output=True)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-            problem = f"srun does not run jobs here ({e}); start Slurm: scripts/local_slurm.sh"
-    if problem:
-        if os.environ.get("TFDIST_REQUIRE_SLURM"):
-            pytest.fail(f"TFDIST_REQUIRE_SLURM is set but {problem}")
-        pytest.skip(problem)
-
-
 @pytest.mark.horovod
 def test_mpirun_runs_the_horovod_backend_on_mpi(reference, tmp_path):
     # Under mpirun, "auto" picks Horovod when it is built with MPI (make install builds it so).
+    require_launcher("mpirun")
     output, ranks = train("mpirun", 2, str(tmp_path / "run"))
     assert "launched by mpirun" in output and "backend horovod" in output
     assert_matches(reference, ranks)
 
 
 def test_mpirun_swaps_addresses_through_mpi_for_tf_collectives(reference, tmp_path):
+    require_launcher("mpirun")
     output, ranks = train("mpirun", 3, str(tmp_path / "run"), "--backend", "collective")
     assert "launched by mpirun" in output and "backend collective" in output
     assert_matches(reference, ranks)
 
 
+@pytest.mark.horovod  # the address store is Horovod's
 @pytest.mark.parametrize("world", [2, 3])
 def test_srun_matches_one_process(reference, tmp_path, world):
-    require_slurm()
+    require_launcher("srun")
     output, ranks = train("srun", world, str(tmp_path / "run"))
     assert "launched by srun" in output and "backend collective" in output
     assert_matches(reference, ranks)
@@ -87,50 +70,93 @@ def test_ray_train_tensorflow_trainer_matches_one_process(reference, tmp_path):
     assert_matches(reference, ranks)
 
 
+def test_mpirun_output_is_as_quiet_as_tfdist_run():
+    # No TensorFlow start-up notice from any rank; Keras' warning once; the user's on each rank.
+    # TFDIST_VERBOSE=1, the control: the same job prints both notices and warnings per rank.
+    require_launcher("mpirun")
+    outputs = {}
+    for verbose in (None, "1"):
+        done = run_job("mpirun", 2, [script("quiet_job.py")], timeout=300,
+                       extra_env={"TF_CPP_MIN_LOG_LEVEL": None, "TFDIST_VERBOSE": verbose})
+        assert done.returncode == 0, failure_report(done)
+        outputs[verbose] = done.stdout + done.stderr
+    keras_warning, own_warning = ("Do not pass an `input_shape`",
+                                  "UserWarning: quiet_job: a warning of the user's own")
+    loud, quiet = outputs["1"], outputs[None]
+    assert loud.count("cpu_feature_guard") == 2 and loud.count(keras_warning) == 2, loud
+    assert quiet.count("quiet_job rank") == 2
+    assert "cpu_feature_guard" not in quiet and "absl::InitializeLog" not in quiet, quiet
+    assert quiet.count(keras_warning) == 1, quiet
+    assert quiet.count(own_warning) == 2, quiet
+
+
 # --- the address store srun jobs swap addresses through (in-process, no peers needed) ------
 
 @pytest.mark.horovod
 def test_a_busy_rendezvous_port_is_a_clear_error():
     import socket  # pylint: disable=import-outside-toplevel
 
-    from tfdist.cluster import Cluster  # pylint: disable=import-outside-toplevel
+    from tfdist.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
     from tfdist.comm.address_exchange import serve_store  # pylint: disable=import-outside-toplevel
 
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        spec = Cluster(0, 2, launcher="srun", rendezvous_address=f"localhost:{port}")
+        spec = Cluster(0, 2, launcher="srun", rendezvous=Rendezvous("localhost", port, "s"))
         with pytest.raises(RuntimeError, match="set TFDIST_RENDEZVOUS_PORT to a free port"):
             serve_store(port, spec)
 
 
 @pytest.mark.horovod
 def test_the_address_store_names_the_ranks_that_never_came():
-    from tfdist.cluster import Cluster  # pylint: disable=import-outside-toplevel
+    from tfdist.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
     from tfdist.comm import address_exchange  # pylint: disable=import-outside-toplevel
     from tfdist.comm.ports import pick_ports  # pylint: disable=import-outside-toplevel
 
     port = pick_ports(1, host="")[0]
-    spec = Cluster(0, 3, launcher="srun", rendezvous_address=f"localhost:{port}")
+    spec = Cluster(0, 3, launcher="srun", rendezvous=Rendezvous("localhost", port, "s"))
     server = address_exchange.serve_store(port, spec)
     try:
-        with pytest.raises(TimeoutError, match=r"ranks \[1, 2\] did not publish"):
-            address_exchange.all_gather_strings(0, 3, "here:1", 0.5, "localhost", port)
+        with pytest.raises(TimeoutError, match="ranks 1, 2 did not publish"):
+            address_exchange.all_gather_strings(0, 3, "here:1", 0.5, ("localhost", port), "a")
+        with pytest.raises(TimeoutError, match="rank 0 did not publish the addresses"):
+            address_exchange.all_gather_strings(2, 3, "there:2", 0.5, ("localhost", port), "b")
+        # A value that is not "host:port" (another program writing into the store) is refused.
+        address_exchange._Store(("localhost", port), "c", 1, 0, 1).put("1", "not an address")
+        with pytest.raises(ValueError, match="the address rank 1 published"):
+            address_exchange.all_gather_strings(0, 2, "here:1", 2.0, ("localhost", port), "c")
     finally:
         server.shutdown()
         server.server_close()
     with pytest.raises(TimeoutError, match="did not answer within"):
-        address_exchange.all_gather_strings(1, 3, "there:2", 0.5, "localhost", port)
+        address_exchange.all_gather_strings(1, 3, "there:2", 0.5, ("localhost", port), "d")
 
 
-def test_mpirun_output_is_as_quiet_as_tfdist_run():
-    # No TensorFlow start-up notice from any rank; Keras' warning once; the user's on each rank.
-    done = run_job("mpirun", 2, [script("quiet_job.py")], timeout=300,
-                   extra_env={"TF_CPP_MIN_LOG_LEVEL": None})
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, failure_report(done)
-    assert output.count("quiet_job rank") == 2
-    assert "cpu_feature_guard" not in output and "absl::InitializeLog" not in output, output
-    assert output.count("Do not pass an `input_shape`") == 1, output
-    assert output.count("UserWarning: quiet_job: a warning of the user's own") == 2, output
+@pytest.mark.horovod
+def test_ranks_swap_addresses_through_the_store_and_rank_0_closes_it():
+    import threading  # pylint: disable=import-outside-toplevel
+
+    from tfdist.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
+    from tfdist.comm import address_exchange  # pylint: disable=import-outside-toplevel
+    from tfdist.comm.ports import pick_ports  # pylint: disable=import-outside-toplevel
+
+    port = pick_ports(1, host="")[0]
+    results = {}
+
+    def rank(r):
+        spec = Cluster(r, 3, launcher="srun", host=f"node{r}",
+                       rendezvous=Rendezvous("localhost", port, "tfdist-7.0"))
+        results[r] = address_exchange.exchange_worker_addresses(spec, 1000 + r)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    expected = ["node0:1000", "node1:1001", "node2:1002"]
+    assert results == {0: expected, 1: expected, 2: expected}
+    import socket  # pylint: disable=import-outside-toplevel
+
+    with socket.socket() as probe:  # the store is closed once every rank has the list
+        assert probe.connect_ex(("localhost", port)) != 0

@@ -12,18 +12,23 @@ Sources are tried in this order, and the first one present wins:
 4. Open MPI's `mpirun` (`OMPI_COMM_WORLD_RANK`, `..._SIZE`, `..._LOCAL_RANK`):
    the workers' addresses are swapped through MPI (mpi4py) when the
    TensorFlow transport starts;
-5. a Slurm job step started by `srun` (`SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`,
+5. a Slurm job step started by `srun` (`SLURM_STEP_ID` marks a step: a batch
+   script's own shell is one process; `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`,
    `SLURM_LOCALID`, `SLURM_STEP_NODELIST`): the addresses are swapped through
    a key-value store (Horovod's rendezvous store) that rank 0 serves on the
-   first host of the step's node list, at `TFDIST_RENDEZVOUS_PORT` or a port
-   derived from the job and step ids;
+   first host of the step's node list (or `TFDIST_RENDEZVOUS_HOST`), at
+   `TFDIST_RENDEZVOUS_PORT` or a port derived from the job and step ids;
+   MPICH's or Intel MPI's mpiexec (`PMI_SIZE` without Open MPI's variables)
+   is refused with a message;
 6. a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`) whose pods set
    `TFDIST_SERVICE` (the headless Service that names them) and
-   `TFDIST_NUM_PROCESSES`: rank i is the pod `<job>-<i>.<service>`, at
+   `TFDIST_NUM_PROCESSES` (one without the other is an error): rank i is the pod `<job>-<i>.<service>`, at
    `TFDIST_PORT` (default 2222); nothing to swap;
 7. otherwise a single process.
 
-Under mpirun, srun and Kubernetes every process is a training process
+`TFDIST_HOST` names the host peers reach a process by, where addresses are
+swapped (horovodrun, mpirun, srun). Under mpirun, srun and Kubernetes every
+process is a training process
 (parameter-server shards are co-located with the workers); dedicated servers
 need tfdist-run --num-servers or TF_CONFIG `ps` tasks.
 
@@ -38,6 +43,9 @@ print(cluster.rank, cluster.world_size, cluster.is_chief)
 import dataclasses
 import json
 import os
+import typing
+
+from tfdist.slurm_hostlist import first_host
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
@@ -53,6 +61,7 @@ ENV_TIMEOUT = "TFDIST_TIMEOUT"
 # Set by the user (or a job manifest) under the cluster engines' launchers.
 ENV_HOST = "TFDIST_HOST"  # the name peers reach this process by (default: host name)
 ENV_RENDEZVOUS_PORT = "TFDIST_RENDEZVOUS_PORT"  # srun: port of rank 0's store
+ENV_RENDEZVOUS_HOST = "TFDIST_RENDEZVOUS_HOST"  # srun: rank 0's host, if not the step's first
 ENV_NUM_SERVERS = "TFDIST_NUM_SERVERS"  # refused under srun / mpirun (see module doc)
 ENV_SERVICE = "TFDIST_SERVICE"  # Kubernetes: the headless Service's name
 ENV_NUM_PROCESSES = "TFDIST_NUM_PROCESSES"  # Kubernetes: the Indexed Job's completions
@@ -67,6 +76,14 @@ RENDEZVOUS_PORT_SPAN = 10000
 
 ROLE_WORKER = "worker"
 ROLE_SERVER = "server"
+
+
+class Rendezvous(typing.NamedTuple):
+    """Where the ranks of an srun step swap their addresses: rank 0's store, and its scope."""
+
+    host: str
+    port: int
+    scope: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +106,8 @@ class Cluster:
         local_rank: index of this process among those on its host.
         host: the name the peers reach this process by, where the launcher
             leaves the addresses to be swapped (horovodrun, mpirun, srun).
-        rendezvous_address: "host:port" of the store the addresses are
-            swapped through (srun: rank 0 serves it).
+        rendezvous: the `Rendezvous` (host, port, scope) of the store the
+            addresses are swapped through under srun (rank 0 serves it).
     """
 
     rank: int = 0
@@ -103,7 +120,7 @@ class Cluster:
     timeout: float = DEFAULT_TIMEOUT_SECONDS
     local_rank: int = 0
     host: str = None
-    rendezvous_address: str = None
+    rendezvous: Rendezvous = None
 
     @property
     def is_chief(self):
@@ -129,7 +146,9 @@ def discover(environ=None):
         return _from_open_mpi(environ, timeout)
     if "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ:
         return _from_srun(environ, timeout)
-    if "JOB_COMPLETION_INDEX" in environ and environ.get(ENV_SERVICE):
+    _refuse_other_mpis(environ)
+    if "JOB_COMPLETION_INDEX" in environ and (ENV_SERVICE in environ
+                                              or ENV_NUM_PROCESSES in environ):
         return _from_kubernetes(environ, timeout)
     return Cluster(timeout=timeout)
 
@@ -202,7 +221,8 @@ def _from_horovodrun(environ, timeout):
     local_rank = _int_env(environ, "HOROVOD_LOCAL_RANK", default=0)
     if not 0 <= rank < size:
         raise ValueError(f"HOROVOD_RANK={rank} is out of range for HOROVOD_SIZE={size}.")
-    return Cluster(rank, size, (), (), ROLE_WORKER, None, "horovodrun", timeout, local_rank)
+    return Cluster(rank, size, (), (), ROLE_WORKER, None, "horovodrun", timeout, local_rank,
+                   host=environ.get(ENV_HOST) or None)
 
 
 def _rank_and_size(environ, rank_name, size_name, local_name):
@@ -211,6 +231,16 @@ def _rank_and_size(environ, rank_name, size_name, local_name):
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"{rank_name}={rank} is out of range for {size_name}={size}.")
     return rank, size, _int_env(environ, local_name, default=0)
+
+
+def _refuse_other_mpis(environ):
+    """MPICH's or Intel MPI's mpiexec (PMI_RANK / PMI_SIZE, no Open MPI variables): refused."""
+    if environ.get("PMI_SIZE", "1").strip() not in ("", "0", "1"):
+        raise ValueError(
+            f"PMI_SIZE={environ['PMI_SIZE']} but no Open MPI variables: this process was "
+            "started by an MPI launcher tfdist does not read (MPICH's or Intel MPI's mpiexec). "
+            "Use Open MPI's mpirun, srun, tfdist-run, or give every process TF_CONFIG."
+        )
 
 
 def _refuse_dedicated_servers(environ, launcher):
@@ -239,76 +269,56 @@ def _from_open_mpi(environ, timeout):
 
 def _from_srun(environ, timeout):
     _refuse_dedicated_servers(environ, "srun")
-    size_name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
-    rank, size, local_rank = _rank_and_size(environ, "SLURM_PROCID", size_name, "SLURM_LOCALID")
-    node_list = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-    if not node_list:
+    rank, size, local_rank = _rank_and_size(environ, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+                                            "SLURM_LOCALID")
+    if "PMI_RANK" in environ and environ["PMI_RANK"] != environ["SLURM_PROCID"]:
+        raise ValueError(
+            f"srun task {rank} has PMI_RANK={environ['PMI_RANK']}: an MPI launcher (MPICH's "
+            "mpiexec?) runs inside this job step; tfdist reads srun's own tasks, or Open MPI's "
+            "mpirun."
+        )
+    if "SLURM_STEP_NODELIST" not in environ:
         raise ValueError("srun: SLURM_STEP_NODELIST is not set; cannot find the first host.")
-    first_host = expand_hostlist(node_list)[0]
+    job_id = _int_env(environ, "SLURM_JOB_ID")
+    step_id = _int_env(environ, "SLURM_STEP_ID")
+    node = environ.get("SLURMD_NODENAME")
+    host = environ.get(ENV_RENDEZVOUS_HOST) or first_host(environ["SLURM_STEP_NODELIST"])
+    if rank == 0 and node and node != host:
+        raise ValueError(
+            f"srun task 0 runs on {node}, not on {host}, the first host of the step (an "
+            f"arbitrary task distribution?): set {ENV_RENDEZVOUS_HOST}={node} for every task."
+        )
     if ENV_RENDEZVOUS_PORT in environ:
         port = _int_env(environ, ENV_RENDEZVOUS_PORT)
         if not 0 < port < 65536:
             raise ValueError(f"{ENV_RENDEZVOUS_PORT} must be a port number. Got: {port}")
     else:
-        port = rendezvous_port(_int_env(environ, "SLURM_JOB_ID", default=0),
-                               _int_env(environ, "SLURM_STEP_ID", default=0))
+        port = rendezvous_port(job_id, step_id)
     return Cluster(rank, size, (), (), ROLE_WORKER, None, "srun", timeout, local_rank,
-                   host=_this_host(environ, environ.get("SLURMD_NODENAME")),
-                   rendezvous_address=f"{first_host}:{port}")
+                   host=_this_host(environ, node),
+                   rendezvous=Rendezvous(host, port, f"tfdist-{job_id}.{step_id}"))
 
 
 def rendezvous_port(job_id, step_id):
-    """The port rank 0 of a Slurm job step serves its address store on (same on every task)."""
+    """The port rank 0 of a Slurm job step serves its address store on (same on every task).
+
+    Two steps collide only if their (job * 31 + step) agree modulo the span
+    and both exchanges run at once on the same first host; rank 0's bind then
+    fails with a message naming TFDIST_RENDEZVOUS_PORT.
+    """
     return RENDEZVOUS_PORT_BASE + (job_id * 31 + step_id) % RENDEZVOUS_PORT_SPAN
 
 
-def expand_hostlist(text):
-    """Slurm's compressed host list, expanded: "gpu[01-03,07],login" -> gpu01 .. gpu07, login.
-
-    Handles several bracket groups in one name ("rack[1-2]-n[1-2]"), keeps
-    zero padding, and raises ValueError naming the text when it is malformed.
-    """
-    names, depth, start = [], 0, 0
-    for i, char in enumerate(text + ","):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        if depth < 0 or depth > 1:
-            raise ValueError(f"Malformed Slurm host list {text!r}.")
-        if char == "," and depth == 0:
-            if text[start:i].strip():
-                names.extend(_expand_host(text[start:i].strip(), text))
-            start = i + 1
-    if depth or not names:
-        raise ValueError(f"Malformed Slurm host list {text!r}.")
-    return names
-
-
-def _expand_host(pattern, text):
-    if "[" not in pattern:
-        return [pattern]
-    head, rest = pattern.split("[", 1)
-    if "]" not in rest:
-        raise ValueError(f"Malformed Slurm host list {text!r}.")
-    ranges, tail = rest.split("]", 1)
-    values = []
-    for part in ranges.split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise ValueError(f"Malformed range {part!r} in Slurm host list {text!r}.")
-        high = high or low
-        values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
-    return [head + value + end for value in values for end in _expand_host(tail, text)]
-
-
 def _from_kubernetes(environ, timeout):
+    _refuse_dedicated_servers(environ, "a Kubernetes Indexed Job")
     index = _int_env(environ, "JOB_COMPLETION_INDEX")
-    if ENV_NUM_PROCESSES not in environ:
-        raise ValueError(
-            f"Kubernetes Indexed Job: {ENV_SERVICE} is set but {ENV_NUM_PROCESSES} is not; set "
-            "it to the Job's completions (see examples/kubernetes/)."
-        )
+    for name, other in ((ENV_SERVICE, ENV_NUM_PROCESSES), (ENV_NUM_PROCESSES, ENV_SERVICE)):
+        if name in environ and other not in environ:
+            raise ValueError(
+                f"Kubernetes Indexed Job: {name} is set but {other} is not; set "
+                f"{ENV_NUM_PROCESSES} to the Job's completions and {ENV_SERVICE} to the "
+                "headless Service's name (see examples/kubernetes/)."
+            )
     size = _int_env(environ, ENV_NUM_PROCESSES)
     if size < 1 or not 0 <= index < size:
         raise ValueError(

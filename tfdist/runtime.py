@@ -134,7 +134,8 @@ def _start_horovod(spec, fusion_threshold_bytes):
     if not launched_with_horovod():
         raise RuntimeError(
             f"tfdist rank {spec.rank}: the Horovod engine needs processes started by "
-            "horovodrun or `tfdist-run --horovod` (launched here by "
+            "horovodrun, `tfdist-run --horovod`, or mpirun with a Horovod built with MPI "
+            "(launched here by "
             f"{spec.launcher}); use backend='collective' or change the launcher."
         )
     from tfdist.comm.horovod import HorovodCommunicator
@@ -156,13 +157,14 @@ def _start_collective(spec):
 def _exchange_addresses(spec):
     """Under horovodrun, mpirun and srun: pick a free port and swap "host:port" with every rank.
 
-    The host is the name the launcher gave this slot (reachable by the
-    peers), else TFDIST_HOST, else this machine's host name.
+    The host is TFDIST_HOST if set, else the name the launcher gave this
+    slot (reachable by the peers: horovodrun's -H name, Slurm's node name),
+    else this machine's host name.
     """
     from tfdist.comm.address_exchange import exchange_worker_addresses
     from tfdist.comm.ports import pick_ports
 
     if spec.launcher == "horovodrun":
-        host = os.environ.get("HOROVOD_HOSTNAME") or spec.host or socket.gethostname()
+        host = spec.host or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
         spec = dataclasses.replace(spec, host=host)
     return tuple(exchange_worker_addresses(spec, pick_ports(1, host="")[0]))
