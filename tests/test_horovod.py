@@ -104,4 +104,5 @@ def test_horovod_backend_without_horovod_launch_is_a_clear_error():
     done = tfdist_run(2, [script("train_equivalence.py"), "/nonexistent/out", "--backend",
                           "horovod"], timeout=120)
     assert done.returncode != 0
-    assert "needs processes started by horovodrun or `tfdist-run --horovod`" in done.stdout
+    assert ("needs processes started by horovodrun, `tfdist-run --horovod`, or mpirun with a "
+            "Horovod built with MPI") in done.stdout
