@@ -1,0 +1,213 @@
+"""Peer benchmark worker: the same training under tfdist (Keras 3) or tf-keras + MWMS.
+
+Usage: peer_worker.py OUT.json STRATEGY [--time [--epochs E]] [--exact DIR]
+
+STRATEGY picks the framework:
+  ring | tree | ps   Keras 3 with tfdist's RingAllReduceStrategy(backend="collective"),
+                     ReductionTreeStrategy() or ParameterServerStrategy() (under tfdist-run)
+  mwms               tf-keras (Keras 2, TF_USE_LEGACY_KERAS=1) with
+                     tf.distribute.MultiWorkerMirroredStrategy (one process per worker,
+                     TF_CONFIG); runs in the peer environment, so nothing here imports tfdist
+  keras3 | tf_keras  one plain process of that framework, no strategy (the reference)
+
+`--time` trains each model (the digits-sized CNN at global batch 64, 22 steps
+per epoch, 5 epochs; the 5.8 M parameter MLP at 64 rows per process, 10 steps
+per epoch, 4 epochs; or E epochs each) and times every step of the epochs
+after the first (Keras' batch begin to batch end) and every epoch after the
+first. `--exact DIR` then trains each model on 100 samples at
+global batch 64 (last batch 36) for 2 epochs with plain SGD, from the
+initial weights in DIR/init_<model>.npz (a one-process run writes them when
+missing), and rank 0 saves its final weights to
+DIR/<STRATEGY>_P<processes>_<model>.npz. Rank 0 writes OUT.json.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+STARTED = time.perf_counter()
+TFDIST_STRATEGIES = ("ring", "tree", "ps")
+TF_KERAS = ("mwms", "tf_keras")
+MODELS = ("cnn", "mlp")
+CNN_SAMPLES, CNN_GLOBAL_BATCH = 22 * 64, 64
+MLP_ROWS_PER_PROCESS, MLP_STEPS_PER_EPOCH = 64, 10
+MLP_FEATURES, MLP_HIDDEN = 784, 2048
+EPOCHS = {"cnn": 5, "mlp": 4}  # the first one untimed: 88 and 30 timed steps
+EXACT_SAMPLES, EXACT_GLOBAL_BATCH, EXACT_EPOCHS = 100, 64, 2
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("strategy", choices=TFDIST_STRATEGIES + TF_KERAS + ("keras3",))
+    parser.add_argument("--time", action="store_true", help="time both models' training")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"epochs per timed training, the first untimed (default {EPOCHS})")
+    parser.add_argument("--exact", metavar="DIR", help="run the correctness check into DIR")
+    args = parser.parse_args()
+    if args.epochs is not None and args.epochs < 2:
+        parser.error(f"--epochs must be >= 2 (the first is not timed). Got: {args.epochs}")
+    return args
+
+
+def load_framework(name):
+    """(keras, tensorflow, strategy or None, rank, processes, tfdist module or None)."""
+    if name in TF_KERAS:
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    # One intra-op thread per process, in both frameworks: the processes share 2 cores.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    if name in TF_KERAS:
+        import tf_keras as keras  # pylint: disable=import-outside-toplevel
+
+        if name == "tf_keras":
+            return keras, tf, None, 0, 1, None
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        return keras, tf, strategy, task["index"], strategy.num_replicas_in_sync, None
+    import keras  # pylint: disable=import-outside-toplevel
+
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    if name == "keras3":
+        return keras, tf, None, 0, 1, tfdist
+    strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(backend="collective"),
+                "tree": tfdist.strategies.ReductionTreeStrategy,
+                "ps": tfdist.strategies.ParameterServerStrategy}[name]()
+    return keras, tf, strategy, strategy.rank, strategy.world_size, tfdist
+
+
+def build_model(keras, model):
+    if model == "cnn":  # examples/digits.py's model without its Dropout (exact comparisons)
+        return keras.Sequential([
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ])
+    return keras.Sequential([
+        keras.Input((MLP_FEATURES,)),
+        keras.layers.Dense(MLP_HIDDEN, activation="relu"),
+        keras.layers.Dense(MLP_HIDDEN, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+
+
+def make_data(model, samples, seed):
+    rng = np.random.default_rng(seed)
+    shape = (8, 8, 1) if model == "cnn" else (MLP_FEATURES,)
+    x = rng.random((samples, *shape), dtype=np.float32)
+    y = rng.integers(0, 10, samples).astype("int32")
+    return x, y
+
+
+def step_timer(keras, tfdist):
+    """A callback timing each step and each epoch after the first."""
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps, self.epochs = [], []
+            self.epoch = self.step_start = self.epoch_start = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch, self.epoch_start = epoch, time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch > 0:
+                self.epochs.append(time.perf_counter() - self.epoch_start)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.step_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch > 0:
+                self.steps.append(time.perf_counter() - self.step_start)
+
+    if tfdist is not None:  # it never stops training: no per-step stop-flag exchange
+        StepTimer = tfdist.callbacks.agrees_across_ranks(StepTimer)
+    return StepTimer()
+
+
+def time_model(keras, tfdist, strategy, processes, model_name, epochs):
+    if model_name == "cnn":
+        global_batch, samples = CNN_GLOBAL_BATCH, CNN_SAMPLES
+    else:
+        global_batch = MLP_ROWS_PER_PROCESS * processes
+        samples = global_batch * MLP_STEPS_PER_EPOCH
+    x, y = make_data(model_name, samples, seed=0)
+    keras.utils.set_random_seed(0)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = build_model(keras, model_name)
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    timer = step_timer(keras, tfdist)
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[timer])
+    fit_seconds = time.perf_counter() - start
+    median = statistics.median(timer.steps)
+    return {"fit_seconds": fit_seconds, "global_batch": global_batch, "samples": samples,
+            "epochs": epochs, "parameters": int(model.count_params()),
+            "steps_timed": len(timer.steps), "median_step_ms": 1e3 * median,
+            "mean_step_ms": 1e3 * statistics.fmean(timer.steps),
+            "seconds_per_epoch": statistics.median(timer.epochs),
+            "epoch_seconds": timer.epochs}
+
+
+def exact_model(keras, strategy, processes, rank, name, model_name, directory):
+    """Train from the saved initial weights on an uneven last batch; rank 0 saves the result."""
+    x, y = make_data(model_name, EXACT_SAMPLES, seed=1)
+    init = os.path.join(directory, f"init_{model_name}.npz")
+    keras.utils.set_random_seed(1)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = build_model(keras, model_name)
+        if os.path.exists(init):
+            with np.load(init) as saved:
+                model.set_weights([saved[f"arr_{i}"] for i in range(len(saved.files))])
+        elif processes == 1:
+            np.savez(init, *model.get_weights())
+        else:
+            raise FileNotFoundError(f"{init}: run a one-process reference first")
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=EXACT_GLOBAL_BATCH, epochs=EXACT_EPOCHS, shuffle=False,
+              verbose=0)
+    path = os.path.join(directory, f"{name}_P{processes}_{model_name}.npz")
+    if rank == 0:
+        np.savez(path, *model.get_weights())
+    return path
+
+
+def main():
+    args = parse_args()
+    keras, tf, strategy, rank, processes, tfdist = load_framework(args.strategy)
+    result = {"strategy": args.strategy, "processes": processes,
+              "framework": "tf_keras" if args.strategy in TF_KERAS else "keras3",
+              "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+              "startup_seconds": time.perf_counter() - STARTED, "models": {}, "exact": {}}
+    if args.time:
+        for model_name in MODELS:
+            result["models"][model_name] = time_model(keras, tfdist, strategy, processes,
+                                                      model_name,
+                                                      args.epochs or EPOCHS[model_name])
+    if args.exact:
+        for model_name in MODELS:
+            result["exact"][model_name] = exact_model(keras, strategy, processes, rank,
+                                                      args.strategy, model_name, args.exact)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
