@@ -56,7 +56,7 @@ def launch(np_, worker, args, flags=()):
     """Run benchmarks/`worker` under tfdist-run with np_ processes; fail loudly."""
     command = [sys.executable, "-m", "tfdist.launch", "-np", str(np_), *flags, sys.executable,
                os.path.join(HERE, worker)] + [str(a) for a in args]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = worker_env()
     print("$", " ".join(command[2:]), flush=True)
     subprocess.run(command, env=env, check=True)
 
@@ -85,8 +85,15 @@ def mpirun_available():
     return probe.returncode == 0
 
 
+def worker_env():
+    """A benchmark worker's environment: quiet TensorFlow, and the checkout importable (a
+    worker run as a script has only benchmarks/ on its path, not the `benchmarks` package)."""
+    path = [REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(path))
+
+
 def mpirun_env():
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **open_mpi_root_env())
+    return dict(worker_env(), **open_mpi_root_env())
 
 
 def launch_mpirun(np_, worker, args):
