@@ -12,6 +12,7 @@ Results are ratios within one run: these machines are shared and noisy.
 """
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -73,8 +74,11 @@ def open_mpi_root_env():
     return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
+@functools.lru_cache(maxsize=None)
 def mpirun_available():
-    """True when Open MPI's mpirun and a Horovod built with MPI are here (make install)."""
+    """True when Open MPI's mpirun and a Horovod built with MPI are here (make install).
+
+    Probed once per process (a Python start that imports Horovod: seconds)."""
     import shutil  # pylint: disable=import-outside-toplevel
 
     if shutil.which("mpirun") is None:
