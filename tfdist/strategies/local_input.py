@@ -18,10 +18,13 @@ multi-device buffer buys nothing, so tfdist does not create it.
 
 Cost: none beyond the pipeline's own; a `prefetch` in the user's pipeline
 still overlaps input with the step. On a GPU the batch is copied to the
-device inside the step, as in single-process Keras.
+device inside the step, as in single-process Keras. The iterators Keras drops
+at each epoch's start are destroyed off the training thread
+(`iterator_release`).
 """
 
 from tfdist import _tf
+from tfdist.strategies import iterator_release
 
 
 class LocalSliceDataset(_tf.UnaryUnchangedStructureDataset):
@@ -36,6 +39,13 @@ class LocalSliceDataset(_tf.UnaryUnchangedStructureDataset):
 
     def __init__(self, dataset):
         super().__init__(dataset, dataset._variant_tensor)  # pylint: disable=protected-access
+        self._python_free = None  # whether no transformation calls Python (computed once)
+
+    def __iter__(self):
+        if self._python_free is None:
+            self._python_free = not iterator_release.calls_python(self)
+        iterator = iterator_release.iterate(self) if self._python_free else None
+        return iterator if iterator is not None else super().__iter__()
 
 
 def derives_from_local_slice(dataset):
