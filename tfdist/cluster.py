@@ -43,9 +43,10 @@ print(cluster.rank, cluster.world_size, cluster.is_chief)
 import dataclasses
 import json
 import os
+import re
 import typing
 
-from tfdist.slurm_hostlist import first_host
+from tfdist.slurm_hostlist import expand_hostlist, first_host
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
@@ -104,6 +105,8 @@ class Cluster:
             "single".
         timeout: seconds any blocking wait for a peer may last.
         local_rank: index of this process among those on its host.
+        local_size: number of tfdist processes on this host, this one included
+            (parameter servers too), where the launcher says it; else 1.
         host: the name the peers reach this process by, where the launcher
             leaves the addresses to be swapped (horovodrun, mpirun, srun).
         rendezvous: the `Rendezvous` (host, port, scope) of the store the
@@ -121,6 +124,7 @@ class Cluster:
     local_rank: int = 0
     host: str = None
     rendezvous: Rendezvous = None
+    local_size: int = 1
 
     @property
     def is_chief(self):
@@ -137,20 +141,53 @@ def discover(environ=None):
     environ = os.environ if environ is None else environ
     timeout = _parse_timeout(environ)
     if ENV_RANK in environ or ENV_ROLE in environ:
-        return _from_tfdist_run(environ, timeout)
+        found = _from_tfdist_run(environ, timeout)  # every process on this host
+        return dataclasses.replace(
+            found, local_size=found.world_size + len(found.server_addresses))
     if "HOROVOD_RANK" in environ:
-        return _from_horovodrun(environ, timeout)
+        return dataclasses.replace(_from_horovodrun(environ, timeout),
+                                   local_size=_int_env(environ, "HOROVOD_LOCAL_SIZE", default=1))
     if environ.get("TF_CONFIG", "").strip():
-        return parse_tf_config(environ["TF_CONFIG"], timeout=timeout)
+        found = parse_tf_config(environ["TF_CONFIG"], timeout=timeout)
+        return dataclasses.replace(found, local_size=_tasks_beside(found))
     if "OMPI_COMM_WORLD_RANK" in environ:
-        return _from_open_mpi(environ, timeout)
+        return dataclasses.replace(
+            _from_open_mpi(environ, timeout),
+            local_size=_int_env(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", default=1))
     if "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ:
-        return _from_srun(environ, timeout)
+        return dataclasses.replace(_from_srun(environ, timeout),
+                                   local_size=_srun_tasks_on_this_node(environ))
     _refuse_other_mpis(environ)
     if "JOB_COMPLETION_INDEX" in environ and (ENV_SERVICE in environ
                                               or ENV_NUM_PROCESSES in environ):
         return _from_kubernetes(environ, timeout)
     return Cluster(timeout=timeout)
+
+
+def _tasks_beside(found):
+    """TF_CONFIG: how many of the cluster's tasks share this task's host name."""
+    everyone = found.worker_addresses + found.server_addresses
+    mine = (found.server_addresses[found.server_index] if found.is_server
+            else found.worker_addresses[found.rank])
+    host = mine.rsplit(":", 1)[0]
+    return max(1, sum(address.rsplit(":", 1)[0] == host for address in everyone))
+
+
+def _srun_tasks_on_this_node(environ):
+    """srun: this node's entry of SLURM_STEP_TASKS_PER_NODE ("2(x3),1": 2, 2, 2, 1); 1 if unknown."""
+    counts = []
+    for part in environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return 1
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    if len(set(counts)) == 1:
+        return counts[0]
+    try:
+        nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST", ""))
+        return counts[nodes.index(environ.get("SLURMD_NODENAME"))]
+    except (ValueError, IndexError):
+        return 1
 
 
 def _parse_timeout(environ):

@@ -31,6 +31,7 @@ import threading
 from absl import logging
 
 from tfdist import cluster as cluster_lib
+from tfdist import cpu_share
 from tfdist import quiet_output
 
 ENGINES = ("collective", "horovod")
@@ -49,6 +50,7 @@ def cluster():
         if _cluster is None:
             _cluster = cluster_lib.discover()
             quiet_output.after_discovery(_cluster)
+            cpu_share.share_cpus(_cluster)
         return _cluster
 
 
