@@ -7,6 +7,8 @@ keep TensorFlow's own iterator, and the release thread drains at close.
 """
 
 import gc
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -91,8 +93,26 @@ def test_iterating_inside_a_tf_function_is_tensorflows_own():
 
 def test_close_drains_the_queue_and_later_releases_are_refused():
     releaser = iterator_release._Releaser()
+    assert not releaser.release(object())  # not started: the caller drops it itself
+    assert releaser.start()
     dropped = threading.Event()
     assert releaser.release(iterator_release._Signal(dropped))
     releaser.close()
     assert dropped.is_set()
-    assert not releaser.release(object())
+    assert not releaser.release(object()) and not releaser.start()
+
+
+def test_a_job_that_fails_in_training_still_exits(tmp_path):
+    """The first release may come from a destructor at interpreter exit, after a failure: the
+    thread must not be started there (a thread started while Python finalizes never runs)."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import tensorflow as tf\n"
+        "from tfdist.strategies.local_input import LocalSliceDataset\n"
+        "dataset = LocalSliceDataset(tf.data.Dataset.range(8).batch(2).prefetch(2))\n"
+        "kept = iter(dataset)\n"  # a global, destroyed while the interpreter finalizes
+        "next(kept)\n"
+        "raise SystemExit(3)\n")
+    done = subprocess.run([sys.executable, str(script)], timeout=120, capture_output=True,
+                          text=True)
+    assert done.returncode == 3, done.stderr[-2000:]

@@ -32,6 +32,7 @@ tf.data's longest tuning interval of a minute).
 """
 
 import queue
+import sys
 import threading
 
 import tensorflow as tf
@@ -54,18 +55,30 @@ class _Releaser:
         self._thread = None
         self._closed = False
 
-    def release(self, resources):
-        """Queue `resources` to be dropped on the thread; False after `close` (caller drops them)."""
+    def start(self):
+        """Start the thread if it is not running; True if it runs (False once closed).
+
+        Called when an iterator is made, never from a destructor: a destructor
+        may run inside any allocation (the garbage collector), this lock held,
+        or while the interpreter finalizes, when a new thread never starts.
+        """
         with self._lock:
-            if self._closed:
-                return False
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tfdist-iterator-release",
-                                                daemon=True)
-                self._thread.start()
+            if self._thread is None and not self._closed:
+                thread = threading.Thread(target=self._run, name="tfdist-iterator-release",
+                                          daemon=True)
+                thread.start()
+                self._thread = thread
                 runtime.close_at_exit(self)
-            self._queue.put(resources)
-            return True
+            return self._thread is not None and not self._closed
+
+    def release(self, resources):
+        """Queue `resources` to be dropped on the thread; False (the caller drops them) if it
+        is not running, is closed, or the interpreter is finalizing. Takes no lock: it runs in
+        destructors (`SimpleQueue.put` is safe there)."""
+        if self._thread is None or self._closed or sys.is_finalizing():
+            return False
+        self._queue.put(resources)
+        return True
 
     def _run(self):
         while True:
@@ -151,8 +164,9 @@ def calls_python(dataset):
 def iterate(dataset):
     """An eager iterator of `dataset` released in the background; None inside a `tf.function`.
 
-    For datasets without Python in them (`calls_python`), see the module."""
-    if not tf.executing_eagerly():
+    For datasets without Python in them (`calls_python`), see the module. None also
+    once the release thread has been closed (at exit)."""
+    if not tf.executing_eagerly() or not _releaser.start():
         return None
     with tf.device(dataset._variant_tensor.device):  # pylint: disable=protected-access
         return ReleasedInBackgroundIterator(dataset)
