@@ -2,7 +2,10 @@
 
 The digits demo job (global batch 64) on 1 process and on 2 processes for
 each strategy (ring on TF collectives, on Horovod over Gloo and on Horovod
-over MPI under mpirun, tree, co-located parameter server), in interleaved rounds: per step, the communications
+over MPI under mpirun, tree, co-located parameter server), the ring again
+with a user's epoch-level callback, and a control (two independent single
+processes at batch 32 at once: the 2-process step if communication were
+free), in interleaved rounds: per step, the communications
 inside the compiled step, the eager exchanges between steps, the Python
 batch callbacks tfdist adds, the communication time (tfdist's counters) and
 the wall time, and each configuration's step time over one process's.
@@ -25,6 +28,9 @@ CONFIGS = {  # name: (processes, launcher, launcher flags, worker arguments)
     "ring_horovod_mpi": (2, "mpirun", [], ["ring", "horovod"]),  # Open MPI: shared memory
     "tree": (2, "tfdist-run", [], ["tree"]),
     "ps_colocated": (2, "tfdist-run", [], ["ps"]),
+    "ring_collective_user_callback": (2, "tfdist-run", [], ["ring", "collective",
+                                                             "--user-callback"]),
+    "2_independent_batch_32": (2, "independent", [], ["ring", "--batch", "32"]),
 }
 
 
@@ -34,11 +40,36 @@ def _job(tmp, name, index):
     worker = [sys.executable, os.path.join(HERE, "step_anatomy.py"), out, *arguments]
     if launcher == "mpirun":
         subprocess.run(mpirun_command(processes) + worker, env=mpirun_env(), check=True)
+    elif launcher == "independent":  # separate single processes, started together
+        outs = [f"{out}.{i}" for i in range(processes)]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        children = [subprocess.Popen([worker[0], worker[1], each, *arguments], env=env)
+                    for each in outs]
+        if any(child.wait() != 0 for child in children):
+            raise RuntimeError(f"anatomy: an independent process of {name} failed")
+        results = []
+        for each in outs:
+            with open(each) as f:
+                results.append(json.load(f))
+        slowest = max(results, key=lambda r: r["median_step_ms"])
+        return dict(slowest, processes=processes)
     else:
         command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), *flags] + worker
         subprocess.run(command, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
     with open(out) as f:
         return json.load(f)
+
+
+def _paired(runs, name, baseline):
+    """Per-round ratios name / baseline (same round, so the same machine load) and medians."""
+    ratios = {}
+    for key in ("median_step_ms", "ms_per_step"):
+        per_round = [a[key] / b[key] for a, b in zip(runs[name], runs[baseline])]
+        ratios[key] = {"per_round": per_round, "median": statistics.median(per_round),
+                       "rounds_slower": sum(r > 1 for r in per_round)}
+    ratios["eager_exchanges_per_step"] = runs[name][-1]["eager_exchanges_per_step"]
+    ratios["batch_callbacks_per_step"] = runs[name][-1]["batch_callbacks_per_step"]
+    return ratios
 
 
 def run(tmp):
@@ -69,6 +100,7 @@ def run(tmp):
             "in_step_communications_per_step": last["in_step_communications_per_step"],
             "eager_exchanges_per_step": last["eager_exchanges_per_step"],
             "batch_callbacks_per_step": last["batch_callbacks_per_step"],
+            "intra_op_threads": last.get("intra_op_threads"),
             "samples_ms_per_step": [r["ms_per_step"] for r in results],
             "samples_median_step_ms": [r["median_step_ms"] for r in results]}
     result = {"summary": {name: round(row["over_1_process"], 2) for name, row in table.items()},
@@ -83,6 +115,12 @@ def run(tmp):
                              "included) and the median train-function call (Keras' batch "
                              "begin to end); summary: wall time per step over one process's "
                              "(same global batch), summary_median_step: the same for the "
-                             "median step; medians of the rounds."}
+                             "median step; medians of the rounds. 2_independent_batch_32: two "
+                             "single processes at once, batch 32 each, the slower one's "
+                             "numbers (communication free: the floor for 2 processes on "
+                             "this host). user_callback_cost: ring with a user's "
+                             "epoch-end callback over the ring without, paired per round."}
+    result["user_callback_cost"] = _paired(runs, "ring_collective_user_callback",
+                                           "ring_collective")
     write_result("step_anatomy.json", result)
     return result

@@ -1,6 +1,6 @@
 """Per-step anatomy worker (run under tfdist-run or horovodrun; rank 0 writes JSON).
 
-Usage: step_anatomy.py OUT.json STRATEGY [BACKEND]
+Usage: step_anatomy.py OUT.json STRATEGY [BACKEND] [--user-callback] [--batch N]
 
 Trains the digits demo model (global batch 64, 4 epochs) and counts, per
 training step: the communications inside the compiled step (tfdist's
@@ -11,7 +11,12 @@ the base class's no-ops), and the time: wall time per step (epochs 2-4,
 epoch boundaries included), the median step (Keras' batch begin to batch
 end: one call of the train function) and the counters' communication time
 and share. The per-step fixed cost of
-distribution, in numbers (issue: cut it).
+distribution, in numbers (issue: cut it). `--user-callback` adds the
+callback most scripts carry, a user's own epoch-end logger (not marked as
+agreeing across ranks, so it may stop training on one rank alone): its stop
+flag is agreed at epoch ends only, never per batch. `--batch N` trains at
+global batch N (the benchmark's control: two independent single processes at
+half the batch each, what a step with free communication would cost).
 """
 
 import json
@@ -23,6 +28,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from tfdist.strategies.keras_patches import model_strategy  # noqa: E402
@@ -87,6 +93,17 @@ class Anatomy(keras.callbacks.Callback):
                                                            if counters else 0)}
 
 
+class EpochLogger(keras.callbacks.Callback):
+    """A user's epoch-level callback: keeps the epoch's logs (what a W&B/MLflow logger does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.history = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history.append(dict(logs or {}))
+
+
 def batch_callbacks(callback_list):
     """Names of the callbacks whose batch hooks do something (not keras.callbacks.Callback's)."""
     names = []
@@ -98,8 +115,15 @@ def batch_callbacks(callback_list):
 
 
 def main():
-    out, name = sys.argv[1], sys.argv[2]
-    backend = sys.argv[3] if len(sys.argv) > 3 else "collective"
+    arguments = [a for a in sys.argv[1:] if a != "--user-callback"]
+    user_callback = len(arguments) < len(sys.argv) - 1
+    batch = BATCH
+    if "--batch" in arguments:
+        at = arguments.index("--batch")
+        batch = int(arguments[at + 1])
+        del arguments[at:at + 2]
+    out, name = arguments[0], arguments[1]
+    backend = arguments[2] if len(arguments) > 2 else "collective"
     keras.utils.set_random_seed(0)
     strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(backend=backend),
                 "tree": tfdist.strategies.ReductionTreeStrategy,
@@ -118,12 +142,14 @@ def main():
         return original(callback_list, logs)
 
     keras.callbacks.CallbackList.on_train_begin = remember
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, callbacks=[anatomy])
+    callbacks = [anatomy] + ([EpochLogger()] if user_callback else [])
+    model.fit(x, y, batch_size=batch, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     # The counters calls include the first all-reduce of the step; the Anatomy callback
     # itself is the measurement, not part of what a user's fit calls.
     callbacks = [c for c in seen["callbacks"] if c != "Anatomy"]
     if strategy.is_chief:
         result = {"strategy": name, "backend": backend if name == "ring" else "collective",
+                  "user_callback": user_callback, "global_batch": batch, "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                   "processes": strategy.world_size, **anatomy.result,
                   "batch_callbacks_per_step": callbacks}
         with open(out, "w") as f:
