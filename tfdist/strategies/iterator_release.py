@@ -25,9 +25,8 @@ the new one reads too, so it is destroyed where Keras drops it, as without
 tfdist, before the new iterator's first element.
 
 Cost: one thread per process, started when the first such iterator is
-made; per dataset, one walk
-over its transformations' function graphs (well under a millisecond for
-Keras' pipelines). `tfdist.runtime.shutdown` drains the queue before the
+made; per dataset, one walk over its transformations' function graphs (well
+under a millisecond for Keras' pipelines). `tfdist.runtime.shutdown` drains the queue before the
 interpreter tears TensorFlow down (at most `_DRAIN_SECONDS`, longer than
 tf.data's tuning interval grows).
 """
