@@ -12,14 +12,8 @@ from tfdist import cluster, cpu_share
     (4, 2, 2, 1),        # more processes than CPUs: one thread each
     (2, 4, 8, None),     # affinity already a subset (bound by the launcher, a cpuset)
 ])
-def test_threads_per_process(local_size, usable, machine, expected, monkeypatch):
-    monkeypatch.setattr(cpu_share, "_SPLIT_BY_DEFAULT", True)  # the rule, when switched on
+def test_threads_per_process(local_size, usable, machine, expected):
     assert cpu_share.intra_op_threads(local_size, {}, usable, machine) == expected
-
-
-def test_the_split_is_opt_in_for_now():
-    assert cpu_share.intra_op_threads(2, {}, 8, 8) is None
-    assert cpu_share.intra_op_threads(2, {"TFDIST_INTRA_OP_THREADS": "4"}, 8, 8) == 4
 
 
 def test_a_users_choice_stands():

@@ -10,9 +10,6 @@ CPUs, 2 processes (median train-function call over one process's): 1.5-1.7x
 with TensorFlow's default pools, 1.25-1.3x with one intra-op thread each;
 two independent processes at half the batch, the floor, 0.9-1.0x.
 
-Status: off by default for now (`_SPLIT_BY_DEFAULT`); `TFDIST_INTRA_OP_THREADS=N`
-sets N threads per process. When switched on, the rule is:
-
 What: when `local_size` > 1 processes run on this host and they may all run
 on every CPU of it (no launcher binding: this process's CPU affinity is the
 whole machine), the intra-op pool gets max(1, CPUs // local_size) threads.
@@ -26,6 +23,15 @@ TensorFlow's default.
 
 Cost: none; the inter-op pool (which runs independent ops concurrently) is
 not changed.
+
+Results: the number of threads changes how an op splits its sums, so float32
+results move by rounding, as they do between 1 and N processes anyway. A
+model that amplifies rounding shows it: the TensorFlow guide's custom loop
+(Adam on ReLU units that are nearly dead) ends 1e-7 to 3e-3 away from one
+process depending on the seed, with or without the split (seed 1234: 1.4e-3
+with one thread each, 3e-7 with the default pools; seed 7: 1.2e-7 and 6e-4),
+and one process alone moves 6e-4 between 1 and 2 threads. The same script in
+float64 at 3 processes with one thread each equals one process to 1.8e-16.
 """
 
 import os
@@ -33,10 +39,6 @@ import os
 from tfdist import chief_log
 
 ENV_INTRA_OP_THREADS = "TFDIST_INTRA_OP_THREADS"
-# Off until understood: with the split, the TensorFlow guide's custom loop on strategy.run
-# at 3 processes ended 1.4e-3 away from one process (3e-7 without it; a one-process run
-# with one thread differs from the default by 6e-5 only). TFDIST_INTRA_OP_THREADS=N opts in.
-_SPLIT_BY_DEFAULT = False
 
 
 def machine_cpus():
@@ -70,8 +72,6 @@ def intra_op_threads(local_size, environ=None, usable=None, machine=None):
         if threads < 0:
             raise ValueError(f"{ENV_INTRA_OP_THREADS} must be an integer >= 0. Got: {chosen!r}")
         return threads or None
-    if not _SPLIT_BY_DEFAULT:
-        return None
     if local_size <= 1 or "TF_NUM_INTRAOP_THREADS" in environ or usable < machine:
         return None
     return max(1, usable // local_size)
