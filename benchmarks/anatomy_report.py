@@ -8,7 +8,8 @@ processes at batch 32 at once: the 2-process step if communication were
 free), in interleaved rounds: per step, the communications
 inside the compiled step, the eager exchanges between steps, the Python
 batch callbacks tfdist adds, the communication time (tfdist's counters) and
-the wall time, and each configuration's step time over one process's.
+the wall time, and each configuration's step time over one process's; the
+ring once more with TensorFlow's default thread pools (no thread split).
 Result: benchmarks/results/step_anatomy.json.
 """
 
@@ -31,6 +32,10 @@ CONFIGS = {  # name: (processes, launcher, launcher flags, worker arguments)
     "ring_collective_user_callback": (2, "tfdist-run", [], ["ring", "collective",
                                                              "--user-callback"]),
     "2_independent_batch_32": (2, "independent", [], ["ring", "--batch", "32"]),
+    "ring_collective_default_threads": (2, "tfdist-run", [], ["ring", "collective"]),
+}
+CONFIG_ENV = {  # name: environment variables of its processes
+    "ring_collective_default_threads": {"TFDIST_INTRA_OP_THREADS": "0"},  # no thread split
 }
 
 
@@ -38,11 +43,11 @@ def _job(tmp, name, index):
     processes, launcher, flags, arguments = CONFIGS[name]
     out = os.path.join(tmp, f"anatomy{index}.json")
     worker = [sys.executable, os.path.join(HERE, "step_anatomy.py"), out, *arguments]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **CONFIG_ENV.get(name, {}))
     if launcher == "mpirun":
         subprocess.run(mpirun_command(processes) + worker, env=mpirun_env(), check=True)
     elif launcher == "independent":  # separate single processes, started together
         outs = [f"{out}.{i}" for i in range(processes)]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         children = [subprocess.Popen([worker[0], worker[1], each, *arguments], env=env)
                     for each in outs]
         if any(child.wait() != 0 for child in children):
@@ -55,7 +60,7 @@ def _job(tmp, name, index):
         return dict(slowest, processes=processes)
     else:
         command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), *flags] + worker
-        subprocess.run(command, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
+        subprocess.run(command, env=env, check=True)
     with open(out) as f:
         return json.load(f)
 
@@ -119,8 +124,13 @@ def run(tmp):
                              "single processes at once, batch 32 each, the slower one's "
                              "numbers (communication free: the floor for 2 processes on "
                              "this host). user_callback_cost: ring with a user's "
-                             "epoch-end callback over the ring without, paired per round."}
+                             "epoch-end callback over the ring without, paired per round. "
+                             "thread_split_gain: the ring with one intra-op thread per "
+                             "process (tfdist's default on a shared host) over the ring "
+                             "with TensorFlow's default pools, paired per round."}
     result["user_callback_cost"] = _paired(runs, "ring_collective_user_callback",
                                            "ring_collective")
+    result["thread_split_gain"] = _paired(runs, "ring_collective",
+                                          "ring_collective_default_threads")
     write_result("step_anatomy.json", result)
     return result
