@@ -53,9 +53,9 @@ def test_single_process():
     assert json.loads(result.stdout.split(" ", 1)[1])["TFDIST_WORLD_SIZE"] == "1"
 
 
-def test_servers_are_started_with_their_role():
-    result = tfdist_run(2, [script("launcher_probe.py"), "env"], timeout=60,
-                        launcher=["--num-servers", "1"])
+def test_servers_are_started_with_their_role(tmp_path):
+    result = tfdist_run(2, [script("launcher_probe.py"), "env", str(tmp_path / "server_up")],
+                        timeout=60, launcher=["--num-servers", "1"])
     server_lines = [l for l in result.stdout.splitlines() if l.startswith("[s0]")]
     assert len(server_lines) == 1
     env = json.loads(server_lines[0].split(" ", 1)[1])

@@ -2,6 +2,10 @@
 
 Behaviour by argument:
   env              print this process's TFDIST_* environment as JSON, exit 0
+  env MARKER       the same, but a server then creates MARKER and waits to be stopped, and
+                   workers exit only once MARKER exists (tfdist-run stops the servers when
+                   the workers are done: without this, a server slower to start than the
+                   workers could be stopped before it printed)
   fail RANK CODE   rank RANK exits with CODE after 0.5 s; others sleep 600 s
   orphan PIDFILE   spawn a grandchild `sleep 600`, append its pid to PIDFILE, sleep 600 s
 """
@@ -16,7 +20,17 @@ mode = sys.argv[1]
 rank = int(os.environ.get("TFDIST_RANK", "-1"))
 
 if mode == "env":
-    print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("TFDIST_")}))
+    print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("TFDIST_")}), flush=True)
+    if len(sys.argv) > 2:
+        marker = sys.argv[2]
+        if os.environ.get("TFDIST_ROLE") == "server":
+            open(marker, "w").close()
+            time.sleep(600)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker):
+            if time.monotonic() > deadline:
+                sys.exit("launcher_probe: the server never started")
+            time.sleep(0.05)
 elif mode == "fail":
     failing_rank, code = int(sys.argv[2]), int(sys.argv[3])
     if rank == failing_rank:
