@@ -19,7 +19,8 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.harness import HERE, mpirun_available, mpirun_command, mpirun_env, write_result
+from benchmarks.harness import (HERE, mpirun_available, mpirun_command, mpirun_env,
+                                per_round_ratios, write_result)
 
 ROUNDS = 4
 CONFIGS = {  # name: (processes, launcher, launcher flags, worker arguments)
@@ -69,7 +70,7 @@ def _paired(runs, name, baseline):
     """Per-round ratios name / baseline (same round, so the same machine load) and medians."""
     ratios = {}
     for key in ("median_step_ms", "ms_per_step"):
-        per_round = [a[key] / b[key] for a, b in zip(runs[name], runs[baseline])]
+        per_round = per_round_ratios(runs[name], runs[baseline], key)
         ratios[key] = {"per_round": per_round, "median": statistics.median(per_round),
                        "rounds_slower": sum(r > 1 for r in per_round)}
     ratios["eager_exchanges_per_step"] = runs[name][-1]["eager_exchanges_per_step"]

@@ -122,6 +122,15 @@ def launch_rows(tmp, worker, launches, args=()):
     return rows
 
 
+def per_round_ratios(runs, baselines, key):
+    """`run[key] / baseline[key]` for each round's pair (same round: the same machine load).
+
+    This machine is shared and its load moves lone times by tens of percent, so
+    the benchmarks compare two configurations only through these paired ratios.
+    """
+    return [run[key] / baseline[key] for run, baseline in zip(runs, baselines)]
+
+
 def write_result(name, result):
     """Write `result` to benchmarks/results/`name`, with the environment if it has none."""
     result = dict(result)

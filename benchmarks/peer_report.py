@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.harness import HERE, write_result
+from benchmarks.harness import HERE, per_round_ratios, write_result
 from benchmarks.plotting import pyplot, save
 
 PEER_VENV = os.path.join(HERE, ".peer-venv")
@@ -249,10 +249,8 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, timing_epochs=None):
             peer = [r["models"][model] for r in runs["mwms", p]]
             for name in TFDIST_STRATEGIES:
                 ours = [r["models"][model] for r in runs[name, p]]
-                step_ratios = [o["median_step_ms"] / m["median_step_ms"]
-                               for o, m in zip(ours, peer)]
-                epoch_ratios = [o["seconds_per_epoch"] / m["seconds_per_epoch"]
-                                for o, m in zip(ours, peer)]
+                step_ratios = per_round_ratios(ours, peer, "median_step_ms")
+                epoch_ratios = per_round_ratios(ours, peer, "seconds_per_epoch")
                 exact = os.path.join(exact_dir, f"{name}_P{p}_{model}.npz")
                 peer_exact = os.path.join(exact_dir, f"mwms_P{p}_{model}.npz")
                 row = {

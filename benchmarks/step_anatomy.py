@@ -19,6 +19,7 @@ global batch N (the benchmark's control: two independent single processes at
 half the batch each, what a step with free communication would cost).
 """
 
+import argparse
 import json
 import os
 import statistics
@@ -115,15 +116,15 @@ def batch_callbacks(callback_list):
 
 
 def main():
-    arguments = [a for a in sys.argv[1:] if a != "--user-callback"]
-    user_callback = len(arguments) < len(sys.argv) - 1
-    batch = BATCH
-    if "--batch" in arguments:
-        at = arguments.index("--batch")
-        batch = int(arguments[at + 1])
-        del arguments[at:at + 2]
-    out, name = arguments[0], arguments[1]
-    backend = arguments[2] if len(arguments) > 2 else "collective"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("strategy", choices=["ring", "tree", "ps"])
+    parser.add_argument("backend", nargs="?", default="collective")
+    parser.add_argument("--user-callback", action="store_true")
+    parser.add_argument("--batch", type=int, default=BATCH)
+    args = parser.parse_args()
+    out, name, backend = args.out, args.strategy, args.backend
+    user_callback, batch = args.user_callback, args.batch
     keras.utils.set_random_seed(0)
     strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(backend=backend),
                 "tree": tfdist.strategies.ReductionTreeStrategy,
@@ -149,7 +150,8 @@ def main():
     callbacks = [c for c in seen["callbacks"] if c != "Anatomy"]
     if strategy.is_chief:
         result = {"strategy": name, "backend": backend if name == "ring" else "collective",
-                  "user_callback": user_callback, "global_batch": batch, "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+                  "user_callback": user_callback, "global_batch": batch,
+                  "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                   "processes": strategy.world_size, **anatomy.result,
                   "batch_callbacks_per_step": callbacks}
         with open(out, "w") as f:
