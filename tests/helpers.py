@@ -155,11 +155,26 @@ def load_ranks(prefix, world):
     return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
 
 
-def run_case_script(name, prefix, world, script_args, cases=None, launcher=None):
+def onednn(setting):
+    """The environment that forces TensorFlow's oneDNN CPU kernels on ("1") or off ("0").
+
+    TensorFlow turns them on by default only on some CPUs (AVX-512 VNNI or
+    BF16), and some of its kernels behave differently on zero rows with them
+    (experiments/onednn_zero_rows.py); the equivalence and real-world suites
+    force each setting in one launch so that no CPU passes them by luck.
+    Single-process results move by at most 2e-6 between the two settings
+    here, far inside the suites' 1e-4, so both compare with one reference.
+    """
+    return {"TF_ENABLE_ONEDNN_OPTS": setting}
+
+
+def run_case_script(name, prefix, world, script_args, cases=None, launcher=None,
+                    extra_env=None):
     """Every rank's arrays from a case script (`keras_patterns.py`, `real_world.py`) on
     `world` processes; `cases` is its comma-separated `--cases` list (all when None)."""
     args = [script(name), prefix] + list(script_args) + (["--cases", cases] if cases else [])
-    done = (launcher or tfdist_run)(world, args, timeout=900, run_timeout=180)
+    done = (launcher or tfdist_run)(world, args, timeout=900, run_timeout=180,
+                                    **({"extra_env": extra_env} if extra_env else {}))
     assert done.returncode == 0, failure_report(done)
     return load_ranks(prefix, world)
 

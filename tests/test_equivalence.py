@@ -4,12 +4,16 @@ One worker script trains three configurations (Adam without shuffling,
 SGD+momentum with shuffle=True, Adam on a shuffled tf.data pipeline), then
 evaluates and predicts; every world size must reproduce the single-process
 weights, loss/metric history, evaluation and predictions within 1e-4, and all
-ranks of a run must agree with each other.
+ranks of a run must agree with each other. Two processes run with TensorFlow's
+oneDNN kernels forced on, three with them forced off (`helpers.onednn`), so
+both kernel families are checked on any CPU.
 """
 
 import pytest
 
-from helpers import max_abs_difference, tfdist_run, train_equivalence
+from helpers import max_abs_difference, onednn, tfdist_run, train_equivalence
+
+ONEDNN_BY_WORLD = {2: "1", 3: "0"}  # 4 (make test-all): the machine's default
 
 TOLERANCE = 1e-4
 
@@ -22,7 +26,9 @@ def runs(tmp_path_factory, one_process_run):
 
     def get(world):
         if world not in results:
-            results[world] = train_equivalence(tfdist_run, world, str(out / f"np{world}"))
+            env = onednn(ONEDNN_BY_WORLD[world]) if world in ONEDNN_BY_WORLD else None
+            results[world] = train_equivalence(tfdist_run, world, str(out / f"np{world}"),
+                                               extra_env=env)
         return results[world]
 
     return get

@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 # its TF-free names at the bottom, each other module beside the layer that uses it).
 LAYERS = [
     ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
-     "tfdist.quiet_output", "tfdist.slurm_hostlist", "tfdist.cpu_share", "tfdist.profiling", "tfdist.profiling.names"),
+     "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share", "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.runtime",),
@@ -25,7 +25,7 @@ LAYERS = [
 ]
 
 # Modules that must import without TensorFlow (the launcher and the timeline's parsing use them).
-TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.quiet_output", "tfdist.slurm_hostlist", "tfdist.profiling", "tfdist.profiling.names",
+TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.profiling", "tfdist.profiling.names",
                    "tfdist.profiling.timeline", "tfdist.launch.cli")
 
 

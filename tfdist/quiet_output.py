@@ -6,14 +6,18 @@ the job). Under mpirun, srun, horovodrun, Ray Train or a Kubernetes Job the
 launcher prints every rank's output as it comes, so each process keeps its own
 quiet:
 
-1. TensorFlow's start-up notices (absl's "All log messages before
-   absl::InitializeLog()" line, the CPU-instruction and oneDNN notices) are
-   info-level lines printed while TensorFlow is imported. When `tfdist` is
-   imported before TensorFlow (`import tfdist` above `import keras`),
-   `before_tensorflow` sets TF_CPP_MIN_LOG_LEVEL=1 (TensorFlow's info lines
-   off, its warnings and errors kept) unless the user set it. Imported after,
-   it is too late: export TF_CPP_MIN_LOG_LEVEL=1 in the job instead
-   (`srun --export=ALL,TF_CPP_MIN_LOG_LEVEL=1`, `mpirun -x TF_CPP_MIN_LOG_LEVEL=1`).
+1. TensorFlow's start-up notices (`tfdist.startup_notices`) are printed on
+   stderr while TensorFlow is imported. When `tfdist` is imported before
+   TensorFlow (`import tfdist` above `import keras`), `before_tensorflow`
+   sets TF_CPP_MIN_LOG_LEVEL=1 (TensorFlow's info lines off, its warnings
+   and errors kept) unless the user set it, and has TensorFlow's import run
+   with stderr (file descriptor 2) sent to a temporary file whose lines,
+   start-up notices left out, are written back to stderr once the import
+   returns: the oneDNN notice and absl's pre-initialization warning ignore
+   TF_CPP_MIN_LOG_LEVEL. A user's TF_CPP_MIN_LOG_LEVEL=0 keeps every notice.
+   Imported after TensorFlow, it is too late: export TF_CPP_MIN_LOG_LEVEL=1
+   in the job (`srun --export=ALL,TF_CPP_MIN_LOG_LEVEL=1`, `mpirun -x
+   TF_CPP_MIN_LOG_LEVEL=1`), which leaves the oneDNN notice.
 2. Python warnings raised in library code (Keras, TensorFlow, NumPy, absl,
    tfdist) are the same on every rank, since every rank runs the same script:
    `after_discovery` has only rank 0 show them. Warnings attributed to the
@@ -23,12 +27,19 @@ quiet:
 
 Nothing changes under tfdist-run (its filter does this across ranks), for a
 single process, or with TFDIST_VERBOSE=1. Cost: one environment check at
-import and one warnings filter per process.
+import, TensorFlow's import output held until the import returns (what the
+process prints on stderr while importing TensorFlow is lost if the process
+dies inside that import), and one warnings filter per process.
 """
 
+import importlib.abc
+import importlib.util
 import os
 import sys
+import tempfile
 import warnings
+
+from tfdist.startup_notices import NoticeDropper
 
 ENV_VERBOSE = "TFDIST_VERBOSE"
 LIBRARY_MODULES = r"(keras|tensorflow|tf_keras|numpy|absl|tfdist)(\.|$)"
@@ -51,18 +62,93 @@ def _unfiltered_job(environ):
     return spec.launcher in UNFILTERED_LAUNCHERS and (spec.world_size > 1 or spec.is_server)
 
 
-def before_tensorflow(environ=None, modules=None):
-    """At `import tfdist`: TensorFlow's info lines off in a multi-process job, if still possible.
+def before_tensorflow(environ=None, modules=None, meta_path=None):
+    """At `import tfdist`: TensorFlow's start-up notices off in a multi-process job, if still
+    possible (see the module docstring).
 
     Returns True when it set TF_CPP_MIN_LOG_LEVEL.
     """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
-    if ("tensorflow" in modules or "TF_CPP_MIN_LOG_LEVEL" in environ or verbose(environ)
-            or not _unfiltered_job(environ)):
+    meta_path = sys.meta_path if meta_path is None else meta_path
+    if "tensorflow" in modules or verbose(environ) or not _unfiltered_job(environ):
         return False
-    environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
-    return True
+    level_set = "TF_CPP_MIN_LOG_LEVEL" not in environ
+    if level_set:
+        environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    if environ["TF_CPP_MIN_LOG_LEVEL"] != "0" and not any(
+            isinstance(finder, NoticeFreeImport) for finder in meta_path):
+        meta_path.insert(0, NoticeFreeImport("tensorflow", meta_path))
+    return level_set
+
+
+class NoticeFreeImport(importlib.abc.MetaPathFinder):
+    """An import hook: the first import of `module` runs with its start-up notices left out
+    of stderr (file descriptor 2, so C++ logging too); every other line is kept, in order."""
+
+    def __init__(self, module, meta_path):
+        self.module = module
+        self._meta_path = meta_path  # the list it is in
+        self._finding = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        del path, target
+        if fullname != self.module or self._finding:
+            return None
+        if self in self._meta_path:
+            self._meta_path.remove(self)  # once
+        self._finding = True  # the real finders answer below
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _NoticeFreeLoader(spec.loader)
+        return spec
+
+
+class _NoticeFreeLoader(importlib.abc.Loader):
+    """Runs the wrapped loader's `exec_module` with stderr held in a temporary file."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self._loader  # the real loader once loaded
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        with without_startup_notices():
+            self._loader.exec_module(module)
+
+
+class without_startup_notices:  # pylint: disable=invalid-name  (a context manager)
+    """Inside: what is written to file descriptor 2 is held; on exit it is written back to
+    stderr without TensorFlow's start-up notices."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self._held = tempfile.TemporaryFile()  # pylint: disable=consider-using-with
+        self._stderr = os.dup(2)
+        os.dup2(self._held.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc_info):
+        try:
+            sys.stderr.flush()
+        finally:
+            os.dup2(self._stderr, 2)
+            os.close(self._stderr)
+        self._held.seek(0)
+        notices = NoticeDropper()
+        kept = [line for line in self._held.read().decode("utf-8", "replace").splitlines(True)
+                if not notices.is_notice(line)]
+        self._held.close()
+        if kept:
+            os.write(2, "".join(kept).encode("utf-8"))
+        return False
 
 
 def after_discovery(cluster, environ=None):

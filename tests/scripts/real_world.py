@@ -23,6 +23,9 @@ The cases are the paths the keras_patterns suite does not walk:
   batch-independent `Embedding` lookup);
 * reductions whose denominator is not the row count (`reduction="sum"`,
   `"mean_with_sample_weight"`);
+* layers that fail on zero rows under oneDNN or eagerly (convolution,
+  max pooling, LSTM) on empty slices, in a custom loop
+  traced and eager, then `fit`, `evaluate` and `predict`;
 * `keras.utils.set_random_seed` with unseeded, reshuffled `Dataset.shuffle`;
 * `predict` on a list of inputs (multi-input models);
 * metrics with integer state (`MeanIoU`, `IoU`, `OneHotMeanIoU`) and others;
@@ -240,6 +243,91 @@ def case_multi_worker_custom_loop(strategy):
         strategy.run(lambda: tf.constant(1.0)))
     return results(model, h_loss=losses, classes=np.concatenate(classes),
                    accuracy=float(state["accuracy"].result()), local_results=len(local))
+
+
+def zero_row_sensitive_model():
+    """Layers that fail on zero rows (experiments/onednn_zero_rows.py): under oneDNN a
+    convolution's shape and a max pool's gradient, on any CPU an eager LSTM. (Training-mode
+    BatchNormalization normalizes by each slice's statistics, which differ by construction.)"""
+    return keras.Sequential([
+        keras.Input((8, 3)),
+        layers.Conv1D(4, 3, padding="same", activation="relu"),
+        layers.LayerNormalization(),
+        layers.MaxPooling1D(2),
+        layers.SeparableConv1D(4, 2, padding="same"),
+        layers.LSTM(4, return_sequences=True),
+        layers.GlobalAveragePooling1D(),
+        layers.Dense(2, kernel_regularizer=keras.regularizers.L2(1e-2)),
+    ])
+
+
+def case_layers_on_empty_slices(strategy):
+    """Convolution, max pooling, normalization and an LSTM where slices are empty.
+
+    33 rows in global batches of 16: the last batch has one row, so ranks
+    other than 0 get an empty slice. A custom loop traced (`tf.function`) for
+    one epoch and run eagerly for the next, each evaluated in a custom loop;
+    then `fit`, `evaluate` and `predict` on the same model.
+    """
+    keras.utils.set_random_seed(21)
+    GLOBAL_BATCH_SIZE = 16
+    rng = np.random.default_rng(21)
+    x = rng.normal(size=(33, 8, 3)).astype("float32")
+    y = (x[:, :4, 0].mean(axis=1) > x[:, 4:, 1].mean(axis=1)).astype("int64")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE)
+    dist_dataset = strategy.experimental_distribute_dataset(dataset)
+    with strategy.scope():
+        model = zero_row_sensitive_model()
+        optimizer = keras.optimizers.Adam(0.01)
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction="none")
+        accuracy = keras.metrics.SparseCategoricalAccuracy()
+
+    def train_step(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = tf.nn.compute_average_loss(loss_object(labels, logits),
+                                              global_batch_size=GLOBAL_BATCH_SIZE)
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    def test_step(inputs):
+        features, labels = inputs
+        logits = model(features, training=False)
+        accuracy.update_state(labels, logits)
+        return tf.argmax(logits, axis=1)
+
+    def distributed_train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                               strategy.run(train_step, args=(batch,)), axis=None)
+
+    def distributed_test_step(batch):
+        return strategy.gather(strategy.run(test_step, args=(batch,)), axis=0)
+
+    history = {"loss": [], "accuracy": []}
+    classes = []
+    traced_train, traced_test = tf.function(distributed_train_step), \
+        tf.function(distributed_test_step)
+    for train, test in ((traced_train, traced_test),
+                        (distributed_train_step, distributed_test_step)):
+        history["loss"].append(float(sum(float(train(batch)) for batch in dist_dataset)))
+        classes.extend(np.sort(test(batch).numpy()) for batch in dist_dataset)
+        history["accuracy"].append(float(accuracy.result()))
+        accuracy.reset_state()
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    fitted = model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, verbose=0)
+    evaluation = model.evaluate(x, y, batch_size=GLOBAL_BATCH_SIZE, verbose=0,
+                                return_dict=True)
+    predictions = model.predict(x, batch_size=GLOBAL_BATCH_SIZE, verbose=0)
+    return results(model, fitted, evaluation, predictions,
+                   **{f"loop_{k}": v for k, v in history.items()},
+                   loop_classes=np.concatenate(classes))
 
 
 def case_custom_loop_checkpoint(strategy):

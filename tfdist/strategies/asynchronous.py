@@ -27,7 +27,7 @@ import tensorflow as tf
 from tfdist.aggregation.base import with_static_shape
 from tfdist.aggregation.parameter_server.async_client import bytes_by_server, variable_bytes
 from tfdist.profiling.names import communication_scope
-from tfdist.strategies import replica_step
+from tfdist.strategies import empty_slice, replica_step
 from tfdist.strategies.data_parallel import DataParallelExtended
 from tfdist.strategies.keras_patches import steps as keras_steps
 from tfdist.strategies.local_input import LocalSliceDataset
@@ -103,7 +103,7 @@ class AsynchronousExtended(DataParallelExtended):
             plan=self.plan_step(fn))
         step.remote_parameter_set = parameter_set
         with replica_step.active(step), tf.control_dependencies(pulls):
-            args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
+            args = empty_slice.stand_in_for_empty_slice(args, step.has_rows)
             return self._in_replica_context(fn, args, kwargs)
 
     def push_gradients(self, optimizer, gradients, variables, weighted_in_loss):

@@ -45,7 +45,7 @@ from tfdist.profiling.names import communication_scope
 from tfdist.strategies import average_loss, rank_state
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
-from tfdist.strategies import replica_step, step_plan
+from tfdist.strategies import empty_slice, replica_step, step_plan
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
 from tfdist.strategies.global_gradients import GlobalGradients
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
@@ -373,7 +373,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
         with replica_step.active(step):
             if not step.scaled_by_user:
-                args = replica_step.stand_in_for_empty_slice(args, step.has_rows)
+                args = empty_slice.stand_in_for_empty_slice(args, step.has_rows)
             step.inputs = (args, kwargs)
             self._local_state.begin_step()
             try:

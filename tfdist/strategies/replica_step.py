@@ -136,21 +136,3 @@ def active(step):
         yield step
     finally:
         stack.pop()
-
-
-def stand_in_for_empty_slice(data, has_rows):
-    """`data` itself when it has rows, else one row of zeros of the same structure.
-
-    Dense tensors get a zero row (empty strings for strings); sparse, ragged
-    and placeholder elements are kept as they are.
-    """
-
-    def one(tensor):
-        if not isinstance(tensor, tf.Tensor) or tensor.shape.rank is None \
-                or tensor.shape.rank == 0:
-            return tensor
-        shape = tf.concat([[1], tf.shape(tensor)[1:]], axis=0)
-        zeros = tf.zeros(shape, dtype=tensor.dtype)
-        return tf.cond(has_rows, lambda: tensor, lambda: zeros)
-
-    return tf.nest.map_structure(one, data)

@@ -18,6 +18,8 @@ each family in its own module:
   writers, BackupAndRestore on the chief, the step watchdog, the end-of-fit
   barrier, the asynchronous PS's parameter refresh, TensorBoard profiling);
 * `saving`: `Model.save` / `save_weights` on the chief, atomically;
+* `empty_slices`: in a custom loop, a model called on an empty slice runs on
+  a stand-in row, its outputs cut back to zero rows;
 * `data`: building from the data's spec, `*_on_batch` slicing, generators
   without read-ahead, the epoch iterators recorded and compared across ranks.
 
@@ -34,8 +36,8 @@ nothing. Both are idempotent.
 """
 
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
-from tfdist.strategies.keras_patches import (callbacks, data, loop_flags, losses, metrics,
-                                             optimizer, saving)
+from tfdist.strategies.keras_patches import (callbacks, data, empty_slices, loop_flags, losses,
+                                             metrics, optimizer, saving)
 
 _installed = False
 
@@ -46,5 +48,6 @@ def install():
     if _installed:
         return
     _installed = True  # `compat` checked this Keras when it was imported, above
-    for family in (losses, data, optimizer, metrics, loop_flags, callbacks, saving):
+    for family in (losses, data, optimizer, metrics, loop_flags, callbacks, saving,
+                   empty_slices):
         family.install()

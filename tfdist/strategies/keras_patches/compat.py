@@ -15,6 +15,7 @@ import textwrap
 import keras
 from absl import logging
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from keras.src.backend.common import masking as keras_masking
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.losses import loss as keras_loss_module
@@ -89,6 +90,11 @@ def _keras_changes():
             <= _names_used(BaseOptimizer.__init__) | _names_used(BaseOptimizer.build)),
         "TFOptimizer._all_reduce_sum_gradients(grads_and_vars)": lambda: (
             _parameters(TFOptimizer._all_reduce_sum_gradients) == ["self", "grads_and_vars"]),
+        "Layer.__call__(*args, **kwargs); keras.src.backend.common.masking.get_keras_mask / "
+        "set_keras_mask": lambda: (
+            _parameters(keras.layers.Layer.__call__) == ["self", "args", "kwargs"]
+            and _parameters(keras_masking.get_keras_mask) == ["x"]
+            and _parameters(keras_masking.set_keras_mask) == ["x", "mask"]),
         "keras.metrics.Mean.update_state(values, sample_weight)": lambda: (
             _parameters(keras.metrics.Mean.update_state)[:3] == ["self", "values",
                                                                  "sample_weight"]),

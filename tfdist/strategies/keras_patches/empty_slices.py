@@ -1,0 +1,37 @@
+"""Custom loops: a Keras model called on an empty slice runs on a stand-in row.
+
+In a user's function run by `strategy.run` (a custom loop), the outermost
+Keras layer call - the model, or a layer the function calls directly - on
+zero rows runs on one row of zeros and its outputs are cut back to zero rows
+(`empty_slice.call_on_rows`, which says why and what it guarantees). Layers
+called inside it are not wrapped again; Keras' own steps give their inputs a
+stand-in row before any layer sees them, so this patch does nothing there.
+"""
+
+import threading
+
+import keras
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+
+from tfdist.strategies import empty_slice, replica_step
+
+_local = threading.local()
+
+
+def install():
+    """Route the outermost layer call of a custom loop's step through `call_on_rows`."""
+    layer_call = keras.layers.Layer.__call__
+
+    def call_on_rows_in_custom_loops(self, *args, **kwargs):
+        step = replica_step.current()
+        if step is None or not step.scaled_by_user or getattr(_local, "inside", False):
+            return layer_call(self, *args, **kwargs)
+        _local.inside = True
+        try:
+            return empty_slice.call_on_rows(
+                lambda *a, **k: layer_call(self, *a, **k), args, kwargs,
+                mask_of=get_keras_mask, set_mask=set_keras_mask)
+        finally:
+            _local.inside = False
+
+    keras.layers.Layer.__call__ = call_on_rows_in_custom_loops
