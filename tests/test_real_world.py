@@ -32,8 +32,9 @@ from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, onedn
 RTOL, ATOL = 1e-5, 1e-4
 SLICED_REFERENCE = "mixed_float16_regression"  # compared with `--slices P`, not the plain run
 # What differs between aggregators: static shapes, sparse and integer sums, custom loops.
-FAST_SUBSET = ("guide_custom_loop,layers_on_empty_slices,sequence_tagger,transformer_classifier,metric_dtypes,"
-               "ner_custom_loss,slices_that_retrace_on_some_ranks")
+FAST_SUBSET = ("guide_custom_loop,layers_on_empty_slices,sync_batchnorm,layer_state_aggregations,"
+               "sequence_tagger,transformer_classifier,metric_dtypes,ner_custom_loss,"
+               "slices_that_retrace_on_some_ranks")
 
 
 def plain_run(prefix, *options):
@@ -74,7 +75,7 @@ def assert_matches_plain_script(reference, ranks):
 def test_plain_reference_trains_every_case(references):
     reference = references(1)
     cases = {key.split("/")[0] for key in reference}
-    assert len(cases) == 18
+    assert len(cases) == 22
     history = reference["guide_custom_loop/h_loss"]
     assert history[-1] < history[0]
     assert reference["sequence_tagger/h_loss"][-1] < reference["sequence_tagger/h_loss"][0]
@@ -94,7 +95,7 @@ def test_sliced_reference_differs_from_the_plain_script_in_float16(references):
 def test_ring_collective_three_processes(references, tmp_path):
     """Every case at 3 processes (193 rows in batches of 32 split 10/11/11, empty slices)."""
     ranks = run(tmp_path, 3, ["--strategy", "ring", "--backend", "collective"])
-    assert len(assert_matches_plain_script(references(3), ranks)) == 18
+    assert len(assert_matches_plain_script(references(3), ranks)) == 22
 
 
 def test_reduction_tree_two_processes_with_onednn(references, tmp_path):

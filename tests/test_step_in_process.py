@@ -153,9 +153,10 @@ def test_local_state_becomes_what_one_process_holds(split):
         step.note_batch_level_update([batch_mean])
         moving.assign(rank_value(rank + 20))
         total = StepSum(step)
-        slots = LocalStateSync.contribute(assigned, step, total)
+        state = LocalStateSync(None, rank, len(split))
+        slots = state.contribute(assigned, step, total)
         total.run(aggregator.all_reduce)
-        LocalStateSync.assign(assigned, slots, total)
+        state.assign(assigned, slots, total)
         return [count.numpy(), batch_mean.numpy(), moving.numpy()]
 
     want_mean_change = sum(s * (r + 1) for r, s in enumerate(shares(split)))
@@ -164,6 +165,69 @@ def test_local_state_becomes_what_one_process_holds(split):
         np.testing.assert_allclose(count, [10.0 + sum(split)])
         np.testing.assert_allclose(batch_mean, [4.0 + want_mean_change], rtol=1e-6)
         np.testing.assert_allclose(moving, want_moving, rtol=1e-6, atol=1e-7)
+
+
+def _layer_state(value, aggregation, dtype="float32"):
+    return tf.Variable(tf.constant(value, dtype), trainable=False,
+                       aggregation=getattr(tf.VariableAggregation, aggregation))
+
+
+@pytest.mark.parametrize("split", SPLIT_CASES)
+def test_layer_state_follows_its_declared_aggregation(split):
+    """A layer's own state (`add_weight(trainable=False, aggregation=...)`) as MirroredStrategy
+    combines it: SUM adds every rank's change (float and int, an empty slice's stand-in row
+    counting nothing), MEAN is share-weighted, ONLY_FIRST_REPLICA is rank 0's value, and an
+    integer that declares nothing is left as it is when every rank agrees."""
+    def fn(step, aggregator, rank):
+        rows = split[rank] or 9  # 9 on the stand-in row: must not count
+        variables = {
+            "float_sum": _layer_state(100.0, "SUM"),
+            "int_sum": _layer_state(100, "SUM", "int32"),
+            "mean": _layer_state(rank_value(rank), "MEAN"),
+            "first": _layer_state(1, "ONLY_FIRST_REPLICA", "int64"),
+            "seed_state": _layer_state([3, 2 ** 40], "NONE", "int64"),
+        }
+        assigned = [(v, v.read_value() if name.endswith("sum") else None)
+                    for name, v in variables.items()]
+        variables["float_sum"].assign_add(float(rows))
+        variables["int_sum"].assign_add(rows)
+        variables["mean"].assign(rank_value(rank + 30))
+        variables["first"].assign(10 + rank)
+        variables["seed_state"].assign_add([1, 1])  # advances alike on every rank
+        total = StepSum(step)
+        state = LocalStateSync(None, rank, len(split))
+        slots = state.contribute(assigned, step, total)
+        total.run(aggregator.all_reduce)
+        state.assign(assigned, slots, total)
+        return {name: v.numpy() for name, v in variables.items()}
+
+    want_mean = sum(s * rank_value(r + 30) for r, s in enumerate(shares(split)))
+    for values in run_step(split, fn):
+        assert values["float_sum"] == 100.0 + sum(split)
+        assert values["int_sum"] == 100 + sum(split)
+        np.testing.assert_allclose(values["mean"], want_mean, rtol=1e-6, atol=1e-7)
+        assert values["first"] == 10
+        assert values["seed_state"].tolist() == [4, 2 ** 40 + 1]
+
+
+def test_integer_state_that_parts_between_ranks_fails_on_every_rank():
+    """An integer that declares no aggregation and ends the step with different values is an
+    error naming it on every rank alike (the ranks stay in step)."""
+    def fn(step, aggregator, rank):
+        counter = _layer_state(0, "NONE", "int32")
+        counter.assign_add([3, 2, 2][rank])
+        total = StepSum(step)
+        state = LocalStateSync(None, rank, 3)
+        slots = state.contribute([(counter, None)], step, total)
+        total.run(aggregator.all_reduce)
+        try:
+            state.assign([(counter, None)], slots, total)
+        except tf.errors.InvalidArgumentError as error:
+            return str(error)
+        return "accepted"
+
+    for message in run_step([3, 2, 2], fn):
+        assert "declares no aggregation" in message and "aggregation='sum'" in message, message
 
 
 @pytest.mark.parametrize("split", SPLIT_CASES)

@@ -186,3 +186,52 @@ def test_stop_flags_are_exchanged_only_where_a_callback_may_decide_alone():
     by_lambda = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None)
     assert schedule([by_lambda]) == (True, True)
     assert schedule([keras.callbacks.LambdaCallback(on_epoch_end=print)]) == (True, False)
+
+
+def test_call_arguments_name_the_first_that_differs():
+    from tfdist.strategies import call_arguments  # pylint: disable=import-outside-toplevel
+
+    fit = dict(batch_size=32, epochs=3, shuffle=True, class_weight={1: 2.0, 0: 1.0},
+               sample_weight=np.ones(4), steps_per_epoch=None, steps_per_execution=1)
+    same = call_arguments.call_signature("fit", dict(fit, class_weight={0: 1.0, 1: 2.0}))
+    assert call_arguments.first_difference([call_arguments.call_signature("fit", fit),
+                                            same]) is None  # dict order and arrays ignored
+    other = call_arguments.call_signature("fit", dict(fit, batch_size=34))
+    assert call_arguments.first_difference([same, other]) == ("batch_size", ["32", "34"])
+    weights = call_arguments.call_signature("fit", dict(fit, class_weight={0: 1.0, 1: 3.0}))
+    assert call_arguments.first_difference([same, weights]) == (
+        "class_weight", ["<another value>", "<another value>"])
+    evaluate = call_arguments.call_signature("evaluate", dict(batch_size=32, steps=None))
+    assert call_arguments.first_difference([same, evaluate]) == ("call", ["fit", "evaluate"])
+
+
+def test_a_model_never_runs_on_zero_rows_in_a_custom_loop():
+    """`empty_slice.call_on_rows`: zero rows in, a stand-in row through the call, zero rows
+    (and zero gradients) out; rows in, the call unchanged. Eager and traced for any rows."""
+    from tfdist.strategies.empty_slice import call_on_rows  # pylint: disable=C0415
+
+    seen = []
+
+    def call(x, scale=1.0):
+        seen.append(x.shape.as_list())
+        tf.debugging.assert_positive(tf.shape(x)[0], message="a call on zero rows")
+        return x * scale, tf.reduce_sum(x)
+
+    out, total = call_on_rows(call, (tf.zeros([0, 3]),), {"scale": 2.0})
+    assert out.shape == (0, 3) and seen[-1] == [1, 3] and float(total) == 0.0
+    out, _ = call_on_rows(call, (tf.ones([2, 3]),), {})
+    assert out.shape == (2, 3) and seen[-1] == [2, 3]
+
+    weight = tf.Variable(3.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3])])
+    def traced(x):
+        with tf.GradientTape() as tape:
+            out, _ = call_on_rows(lambda t: (t * weight, 0.0), (x,), {})
+            loss = tf.reduce_sum(out) + weight  # a row-independent term keeps its gradient
+        return tf.shape(out)[0], tape.gradient(loss, weight)
+
+    rows, gradient = traced(tf.zeros([0, 3]))
+    assert int(rows) == 0 and float(gradient) == 1.0
+    rows, gradient = traced(tf.ones([2, 3]))
+    assert int(rows) == 2 and float(gradient) == 7.0

@@ -14,6 +14,7 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.eager import context
+from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -30,6 +31,14 @@ all_reduce_v2 = collective_ops.all_reduce_v2
 all_gather_v2 = collective_ops.all_gather_v2
 broadcast_send_v2 = collective_ops.broadcast_send_v2
 broadcast_recv_v2 = collective_ops.broadcast_recv_v2
+
+
+def has_gradient(op):
+    """False for a graph op TensorFlow declares not differentiable (`tf.no_gradient`)."""
+    try:
+        return framework_ops.get_gradient_function(op) is not None
+    except LookupError:
+        return True  # no gradient registered at all: asking for one would fail, not skip
 
 
 def in_replica_context_of(extended):

@@ -8,6 +8,11 @@
   stall            rank 1 stays alive but stops taking part (sleeps) in epoch 2
   slow             train with 0.1 s pauses per batch (about 10 s), printing each epoch
   late_exit        train normally; rank 1 then takes 8 s more than rank 0 to exit
+  refusals         in one job, each input every rank must refuse alike, caught and printed
+                   ("refused CASE: MESSAGE"), then "finished": uneven and own_shard as above,
+                   batch_size (rank 1 passes 26 where rank 0 passes 24, the same batches),
+                   counter (an int32 layer counter of rows declared without aggregation,
+                   batches of 25 split 13/12)
 Add --strategy tree (fanout 2) or --strategy ps to train with that strategy instead of the ring.
 """
 
@@ -20,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 
@@ -56,6 +62,46 @@ STRATEGIES = {
 }
 
 
+class RowCounter(keras.layers.Layer):
+    """Counts the rows it sees in an int32 variable that declares no aggregation."""
+
+    def build(self, input_shape):
+        self.rows = self.add_weight(shape=(), initializer="zeros", dtype="int32",
+                                    trainable=False, name="rows_seen")
+
+    def call(self, inputs, training=None):
+        if training:
+            self.rows.assign_add(keras.ops.shape(inputs)[0])
+        return inputs
+
+
+def refusals(strategy):
+    """Every case must fail alike on every rank (so the job goes on to the next)."""
+    for case in ("uneven", "own_shard", "batch_size", "counter"):
+        rng = np.random.default_rng(0)  # the same rows on every rank, case after case
+        with strategy.scope():
+            layers = [RowCounter()] if case == "counter" else []
+            model = keras.Sequential([keras.Input((4,))] + layers + [keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        n = 432 if case == "uneven" and strategy.rank == 1 else 480
+        x = rng.normal(size=(n, 4)).astype("float32")
+        y = x.sum(axis=1, keepdims=True)
+        if case == "own_shard":
+            x, y = x[strategy.rank::strategy.world_size], y[strategy.rank::strategy.world_size]
+        batch_size = 26 if case == "batch_size" and strategy.rank == 1 else 24
+        if case == "counter":
+            batch_size = 25  # slices of 13 and 12 rows: the ranks' counts part at once
+        try:
+            model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)
+        except (ValueError, tf.errors.InvalidArgumentError) as error:
+            message = " ".join(str(error).split())
+            message = message[max(0, message.find("assertion failed")):]  # past the traceback
+            print(f"refused {case}: {message[:600]}", flush=True)
+        else:
+            print(f"accepted {case}", flush=True)
+    print("finished", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode")
@@ -65,6 +111,9 @@ def main():
     args = parser.parse_args()
     mode = args.mode
     strategy = STRATEGIES[args.strategy]()
+    if mode == "refusals":
+        refusals(strategy)
+        return
     width = 8 + (4 if mode == "mismatch" and strategy.rank == 1 else 0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width),

@@ -23,6 +23,13 @@ The cases are the paths the keras_patterns suite does not walk:
   batch-independent `Embedding` lookup);
 * reductions whose denominator is not the row count (`reduction="sum"`,
   `"mean_with_sample_weight"`);
+* `BatchNormalization(synchronized=True)` on uneven and empty slices
+  (`fit`, `evaluate`, `predict`, a custom loop), and a layer's own state
+  declared with each `aggregation=` ("sum" float and int, "mean",
+  "only_first_replica");
+* keras.io's save-then-load on every rank (`save`, `load_model`,
+  `save_weights`, `load_weights`, `export` and serving the SavedModel), and
+  a fresh model evaluated, given trained weights and trained on;
 * layers that fail on zero rows under oneDNN or eagerly (convolution,
   max pooling, LSTM) on empty slices, in a custom loop
   traced and eager, then `fit`, `evaluate` and `predict`;
@@ -328,6 +335,159 @@ def case_layers_on_empty_slices(strategy):
     return results(model, fitted, evaluation, predictions,
                    **{f"loop_{k}": v for k, v in history.items()},
                    loop_classes=np.concatenate(classes))
+
+
+def case_sync_batchnorm(strategy):
+    """`BatchNormalization(synchronized=True)` on uneven and empty slices: `fit`, `evaluate`,
+    `predict`, then a custom loop.
+
+    65 rows in global batches of 32 split 11/11/10 on 3 processes, and the
+    last batch has one row (empty slices on 2 and 3). SyncBN normalizes by
+    the global batch's statistics, so the plain script is the reference
+    even in training mode; its backward pass sums across replicas.
+    """
+    keras.utils.set_random_seed(33)
+    rng = np.random.default_rng(33)
+    x = rng.normal(size=(65, 6)).astype("float32") * np.arange(1, 7, dtype="float32")
+    y = (x[:, :1] - 0.5 * x[:, 1:2] + 0.1 * x[:, 2:3] ** 2).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([
+            # No bias before BatchNormalization (keras.io's ResNets): its gradient is zero up
+            # to rounding, which Adam would scale up to full steps on any run.
+            keras.Input((6,)), layers.Dense(8, use_bias=False),
+            layers.BatchNormalization(synchronized=True), layers.Activation("relu"),
+            layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    evaluation = model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)
+    predictions = model.predict(x, batch_size=32, verbose=0)
+    GLOBAL_BATCH_SIZE = 32
+    dist_dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE))
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.05)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(inputs):
+            features, targets = inputs
+            with tf.GradientTape() as tape:
+                per_example = tf.reduce_mean((model(features, training=True) - targets) ** 2,
+                                             axis=1)
+                loss = tf.nn.compute_average_loss(per_example,
+                                                  global_batch_size=GLOBAL_BATCH_SIZE)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                               strategy.run(step_fn, args=(batch,)), axis=None)
+
+    loop_losses = [float(train_step(batch)) for _ in range(2) for batch in dist_dataset]
+    return results(model, history, evaluation, predictions, loop_loss=loop_losses)
+
+
+class RowStatistics(layers.Layer):
+    """A layer with state it updates in `call` from its batch, one variable per aggregation
+    (the "making new layers and models via subclassing" guide's pattern)."""
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        self.rows_sum = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                        aggregation="sum", name="rows_sum")
+        self.rows_count = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                          dtype="int32", aggregation="sum", name="rows_count")
+        self.feature_mean = self.add_weight(shape=(width,), initializer="zeros",
+                                            trainable=False, aggregation="mean",
+                                            name="feature_mean")
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                     dtype="int32", aggregation="only_first_replica",
+                                     name="calls")
+
+    def call(self, inputs, training=None):
+        if training:
+            rows = ops.shape(inputs)[0]
+            self.rows_sum.assign_add(ops.cast(rows, "float32"))
+            self.rows_count.assign_add(ops.cast(rows, "int32"))
+            self.feature_mean.assign(0.9 * self.feature_mean + 0.1 * ops.mean(inputs, axis=0))
+            self.calls.assign_add(1)
+        return inputs
+
+
+def case_layer_state_aggregations(strategy):
+    """Layer state declared with `aggregation=` ("sum" as float and int32, "mean",
+    "only_first_replica") on uneven and empty slices: each must equal the plain script's."""
+    keras.utils.set_random_seed(34)
+    rng = np.random.default_rng(34)
+    x = rng.normal(size=(67, 4)).astype("float32")
+    y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
+    with strategy.scope():
+        statistics = RowStatistics()
+        model = keras.Sequential([keras.Input((4,)), statistics, layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    return results(model, history, rows_sum=float(statistics.rows_sum.numpy()),
+                   rows_count=int(statistics.rows_count.numpy()),
+                   calls=int(statistics.calls.numpy()))
+
+
+def small_classifier(strategy):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), layers.Dense(8, activation="relu"),
+                                  layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model
+
+
+def classification_data(rows, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 5)).astype("float32")
+    return x, np.argmax(x[:, :3] + 0.3 * x[:, 3:4], axis=1).astype("int64")
+
+
+def case_save_then_load(strategy):
+    """keras.io's serialization guide on every rank: `save`, `load_model` right after, train
+    the reloaded model on; `save_weights` / `load_weights`; `export` and serve the SavedModel."""
+    keras.utils.set_random_seed(35)
+    x, y = classification_data(65, seed=35)
+    model = small_classifier(strategy)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    path = os.path.join(WORKDIR[0], "save_then_load.keras")
+    model.save(path)
+    with strategy.scope():
+        reloaded = keras.models.load_model(path)
+    reloaded_predictions = reloaded.predict(x, batch_size=32, verbose=0)
+    history = reloaded.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    weights_path = os.path.join(WORKDIR[0], "save_then_load.weights.h5")
+    reloaded.save_weights(weights_path)
+    copy = small_classifier(strategy)
+    copy.load_weights(weights_path)
+    export_dir = os.path.join(WORKDIR[0], "save_then_load_export")
+    reloaded.export(export_dir, verbose=False)
+    saved_model = tf.saved_model.load(export_dir)  # held: its variables live with it
+    served = saved_model.serve(tf.constant(x)).numpy()
+    return results(reloaded, history, predictions=reloaded_predictions,
+                   copy_predictions=copy.predict(x, batch_size=32, verbose=0), served=served)
+
+
+def case_evaluate_then_load_weights(strategy):
+    """A fresh model is evaluated, then given trained weights, then trained: as on one
+    process, `load_weights` finds no optimizer state to restore (none was built)."""
+    keras.utils.set_random_seed(36)
+    x, y = classification_data(65, seed=36)
+    trained = small_classifier(strategy)
+    trained.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    path = os.path.join(WORKDIR[0], "evaluate_then_load.weights.h5")
+    trained.save_weights(path)
+    model = small_classifier(strategy)
+    before = model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)
+    model.load_weights(path)
+    history = model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    return results(model, history, model.evaluate(x, y, batch_size=32, verbose=0,
+                                                  return_dict=True),
+                   fresh_loss=before["loss"])
 
 
 def case_custom_loop_checkpoint(strategy):

@@ -56,9 +56,9 @@ class AsynchronousExtended(DataParallelExtended):
         del training
         return [bool(flag) for flag in flags]
 
-    def check_same_data(self, num_batches, fingerprint=None):
+    def check_same_data(self, num_batches, fingerprint=None, signature=None):
         """Not checked: a collective between workers not in step could wait on a dead one."""
-        del num_batches, fingerprint
+        del num_batches, fingerprint, signature
 
     def epoch_data_scope(self, training):
         """Evaluate's and predict's iterators read whole global batches on every worker."""
@@ -102,7 +102,8 @@ class AsynchronousExtended(DataParallelExtended):
             local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size,
             plan=self.plan_step(fn))
         step.remote_parameter_set = parameter_set
-        with replica_step.active(step), tf.control_dependencies(pulls):
+        with replica_step.active(step), tf.control_dependencies(pulls), \
+                step.stand_in_scope(tf.logical_not(step.has_rows)):
             args = empty_slice.stand_in_for_empty_slice(args, step.has_rows)
             return self._in_replica_context(fn, args, kwargs)
 

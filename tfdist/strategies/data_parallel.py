@@ -42,11 +42,12 @@ from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.profiling.counters import CommunicationCounters
 from tfdist.profiling.names import communication_scope
-from tfdist.strategies import average_loss, rank_state
+from tfdist.strategies import average_loss, call_arguments, rank_state
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import empty_slice, replica_step, step_plan
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
+from tfdist.strategies.cross_replica_sum import StepReplicaContext, sum_exactly
 from tfdist.strategies.global_gradients import GlobalGradients
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
@@ -93,7 +94,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._aggregator.counters = self.communication_counters
         self._gradients = GlobalGradients(self._aggregator, self._communicator,
                                           self.communication_counters)
-        self._local_state = LocalStateSync(self)
+        self._local_state = LocalStateSync(self, self._cluster.rank,
+                                           self._cluster.world_size)
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self._any_rank_functions = {}  # number of flags -> compiled exchange
 
@@ -233,34 +235,56 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             return LocalSliceDataset(_shard_files(dataset, context))
         return LocalSliceDataset(shard_global_batch(dataset, cluster.rank, cluster.world_size))
 
-    def check_same_data(self, num_batches, fingerprint=None):
-        """Fail clearly when ranks were given different data (a silent mismatch otherwise).
+    def check_same_data(self, num_batches, fingerprint=None, signature=None):
+        """Fail clearly when ranks were given different data or arguments (a silent mismatch
+        otherwise).
 
-        Each rank must pass the same global data to fit/evaluate/predict.
-        If their epochs have different known lengths, steps would pair up
-        wrongly and the longer rank would wait on a peer that has finished;
-        if their in-memory arrays differ (each rank passed its own shard),
-        every rank would train on a slice of its shard: 1/P of the rows.
-        `num_batches`: this rank's batches per epoch (None: unknown);
-        `fingerprint`: (rows, hash) of its arrays (`data_fingerprint`), or
-        None. One all-gather of three integers.
+        Each rank must pass the same global data, with the same arguments, to
+        fit/evaluate/predict. If their epochs have different known lengths,
+        steps would pair up wrongly and the longer rank would wait on a peer
+        that has finished; if their in-memory arrays differ (each rank passed
+        its own shard), every rank would train on a slice of its shard: 1/P
+        of the rows; if their batch sizes differ, each would take its slice
+        of a different global batch. `num_batches`: this rank's batches per
+        epoch (None: unknown); `fingerprint`: (rows, hash) of its arrays
+        (`data_fingerprint`), or None; `signature`: the call's arguments
+        (`call_arguments.call_signature`), or None. One all-gather of a few
+        integers.
         """
         rows, digest = fingerprint if fingerprint is not None else (-1, -1)
-        mine = tf.constant([[-1 if num_batches is None else num_batches, rows, digest]], tf.int64)
+        signature = list(signature) if signature is not None else []
+        width = 5 + len(call_arguments.ARGUMENTS)  # the four above, the call, its arguments
+        mine = [-1 if num_batches is None else num_batches, rows, digest, len(signature)]
+        mine = tf.constant([(mine + signature + [0] * width)[:width]], tf.int64)
         every_rank = self._communicator.all_gather(mine).numpy().tolist()
         rank = self._cluster.rank
-        known = [batches for batches, _, _ in every_rank if batches >= 0]
+        signatures = [row[4:4 + row[3]] for row in every_rank]
+        if all(signatures) and len({len(s) for s in signatures}) == 1:
+            difference = call_arguments.first_difference(signatures)
+            if difference is not None:
+                name, values = difference
+                if name == "call":
+                    raise ValueError(
+                        f"tfdist rank {rank}: the ranks are in different calls (by rank: "
+                        f"{values}). Every rank must run the same fit/evaluate/predict calls "
+                        "in the same order.")
+                raise ValueError(
+                    f"tfdist rank {rank}: the ranks passed different {name!r} (by rank: "
+                    f"{values}). Every rank must call fit/evaluate/predict with the same "
+                    "arguments: batch_size is the global batch, which tfdist splits across "
+                    "the ranks.")
+        known = [row[0] for row in every_rank if row[0] >= 0]
         if len(set(known)) > 1:
             raise ValueError(
                 f"tfdist rank {rank}: the ranks were given different amounts of data (batches "
-                f"per epoch by rank: {[batches for batches, _, _ in every_rank]}). Pass the same "
+                f"per epoch by rank: {[row[0] for row in every_rank]}). Pass the same "
                 "full data set on every rank; tfdist gives each rank its slice of every global "
                 "batch.")
-        fingerprinted = [(rows, digest) for _, rows, digest in every_rank if rows >= 0]
+        fingerprinted = [(row[1], row[2]) for row in every_rank if row[1] >= 0]
         if len(fingerprinted) == len(every_rank) and len(set(fingerprinted)) > 1:
             raise ValueError(
                 f"tfdist rank {rank}: the ranks were given different data (rows by rank: "
-                f"{[rows for _, rows, _ in every_rank]}; the arrays differ in content). Pass "
+                f"{[row[1] for row in every_rank]}; the arrays differ in content). Pass "
                 "the same full data set on every rank, with the same order: tfdist gives each "
                 "rank its slice of every global batch, so a rank that keeps only its own shard "
                 "(x[rank::world]) trains on a fraction of the data. For a per-rank input "
@@ -339,10 +363,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         """`fn` in this process's replica context, numbered as MultiWorkerMirroredStrategy does.
 
         `tf.distribute.get_replica_context().replica_id_in_sync_group` is
-        this process's rank (a custom loop may seed or shard by it).
+        this process's rank (a custom loop may seed or shard by it); its
+        `all_reduce` is exact for uneven and empty slices (`cross_replica_sum`).
         """
-        with tf.device(self._device), _tf.ReplicaContext(
-                self._container_strategy(), replica_id_in_sync_group=self._cluster.rank):
+        with tf.device(self._device), StepReplicaContext(
+                self._container_strategy(), self._cluster.rank,
+                sum_exactly(self._gradients.all_reduce)):
             return fn(*args, **kwargs)
 
     def _get_local_replica_id(self, replica_id_in_sync_group):
@@ -371,9 +397,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             outputs = fn(*step_args, **step_kwargs)
             return self._end_replica_step(fn, model, outputs, step)
 
-        with replica_step.active(step):
+        with replica_step.active(step), contextlib.ExitStack() as scopes:
             if not step.scaled_by_user:
                 args = empty_slice.stand_in_for_empty_slice(args, step.has_rows)
+                scopes.enter_context(step.stand_in_scope(tf.logical_not(step.has_rows)))
             step.inputs = (args, kwargs)
             self._local_state.begin_step()
             try:

@@ -37,6 +37,8 @@ batch dimension is static and non-zero); on an empty slice, the model's
 forward and backward pass over one row.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 
@@ -46,6 +48,11 @@ def _is_dense_batch(tensor):
 
 
 def _zero_row(tensor):
+    """One row of zeros shaped like a row of `tensor`, with a static shape where it is known
+    (a graph traced on a stand-in row is then the graph of a one-row slice: the same
+    collectives in the same order as a rank whose slice has one row)."""
+    if tensor.shape[1:].is_fully_defined():
+        return tf.zeros([1] + tensor.shape[1:].as_list(), dtype=tensor.dtype)
     return tf.zeros(tf.concat([[1], tf.shape(tensor)[1:]], axis=0), dtype=tensor.dtype)
 
 
@@ -70,23 +77,24 @@ def _may_be_empty(tensor):
     return rows is None or rows == 0
 
 
-def call_on_rows(call, args, kwargs, mask_of=None, set_mask=None):
+def call_on_rows(call, args, kwargs, mask_of=None, set_mask=None, stand_in_scope=None):
     """`call(*args, **kwargs)`, on a stand-in row when its first batch tensor has zero rows.
 
     Every dense input tensor with zero rows is replaced by one row of zeros
     (its Keras mask with it, through `mask_of` / `set_mask`); every dense
     output (and its mask) is then cut back to zero rows. With rows, the
     call is unchanged. In a graph the choice is made at run time; eagerly,
-    in Python.
+    in Python. The call runs inside `stand_in_scope(is_stand_in)` (a bool
+    tensor) when given: what it sums across replicas from a stand-in row
+    counts zero (`cross_replica_sum`).
     """
     tensors = [t for t in tf.nest.flatten((args, kwargs)) if _is_dense_batch(t)]
     if not tensors or not _may_be_empty(tensors[0]):
         return call(*args, **kwargs)
-    rows = tf.shape(tensors[0])[0]
-    static_rows = tf.get_static_value(rows)
+    static_rows = tensors[0].shape[0]  # known when eager, or traced for one shape
     if static_rows is not None and static_rows > 0:
         return call(*args, **kwargs)
-    has_rows = rows > 0
+    has_rows = tf.shape(tensors[0])[0] > 0
 
     def stand_in(tensor):
         if not _is_dense_batch(tensor) or not _may_be_empty(tensor):
@@ -114,4 +122,7 @@ def call_on_rows(call, args, kwargs, mask_of=None, set_mask=None):
         return kept
 
     args, kwargs = tf.nest.map_structure(stand_in, (args, kwargs))
-    return tf.nest.map_structure(cut, call(*args, **kwargs))
+    with (stand_in_scope(tf.logical_not(has_rows)) if stand_in_scope is not None
+          else contextlib.nullcontext()):
+        outputs = call(*args, **kwargs)
+    return tf.nest.map_structure(cut, outputs)

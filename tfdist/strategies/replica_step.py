@@ -44,6 +44,7 @@ class ReplicaStep(RowAccounting):
         self._deferred_updates = []
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
+        self._stand_in = []  # bool tensors: the data being computed on is a stand-in row
 
     @property
     def scaled_by_user(self):
@@ -91,6 +92,35 @@ class ReplicaStep(RowAccounting):
     def loss_was_weighted_for(self, optimizer):
         """True if the gradients `optimizer` applies need no share weighting."""
         return self.scaled_by_user or id(optimizer) in self._share_in_loss
+
+    @contextlib.contextmanager
+    def stand_in_scope(self, is_stand_in):
+        """Inside: the data computed on is a stand-in row when the bool tensor `is_stand_in`
+        is true (`empty_slice`): what it contributes to a cross-replica sum is zero."""
+        self._stand_in.append(is_stand_in)
+        try:
+            yield
+        finally:
+            self._stand_in.pop()
+
+    def counted_unless_stand_in(self, value):
+        """`value`, or zeros when it was computed from a stand-in row (`stand_in_scope`)."""
+        if not self._stand_in:
+            return value
+        real = tf.logical_not(self._stand_in[-1])
+        if value.dtype.is_floating or value.dtype.is_complex:
+            return tf.math.multiply_no_nan(value, tf.cast(real, value.dtype))
+        return tf.where(real, value, tf.zeros_like(value))
+
+    def backward_weight(self):
+        """float32 w_r, up to a factor common to all ranks: how this rank's gradients are
+        weighted after the backward pass (`cross_replica_sum`). 1 in a user's function (its
+        loss carries the share), 0/1 where the loss was weighted by the share, else n_r."""
+        if self.scaled_by_user:
+            return tf.ones([], tf.float32)
+        if self._share_in_loss:
+            return self.has_rows_weight(tf.float32)
+        return self.rows_weight(tf.float32)
 
     @contextlib.contextmanager
     def aggregated_gradients(self):

@@ -108,9 +108,18 @@ def _keras_changes():
             and "run" in _names_used(trainer._make_function)),
         "TensorFlowTrainer.make_predict_function defines the predict step": lambda: (
             bool(_nested_function_names(trainer.make_predict_function))),
-        "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights": lambda: all(
+        "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights, export; "
+        "keras.saving.save_model": lambda: all(
             callable(getattr(keras.Model, name)) for name in (
-                "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")),
+                "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights",
+                "export")) and callable(keras.saving.save_model),
+        "TensorFlowTrainer.fit/evaluate/predict take batch_size, steps(_per_epoch), "
+        "validation arguments by name": lambda: (
+            {"batch_size", "epochs", "steps_per_epoch", "shuffle", "class_weight",
+             "sample_weight", "initial_epoch", "validation_split", "validation_freq",
+             "validation_batch_size", "validation_steps"} <= set(_parameters(trainer.fit))
+            and {"batch_size", "steps", "sample_weight"} <= set(_parameters(trainer.evaluate))
+            and {"batch_size", "steps"} <= set(_parameters(trainer.predict))),
         "ArrayDataAdapter._inputs (the arrays fit was given)": lambda: (
             "_inputs" in _names_used(ArrayDataAdapter.__init__)),
         "GeneratorDataAdapter.get_tf_dataset": lambda: (

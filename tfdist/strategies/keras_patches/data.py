@@ -4,11 +4,14 @@ Keras builds a model under a tfdist strategy from the data's element spec
 (no peeked batch), `*_on_batch` take a global batch, a Python generator's
 batches reach every rank in the same order, and every epoch iterator is
 recorded (the global batch size for the callbacks) and compared across
-ranks (the same number of batches and the same in-memory data).
+ranks (the same number of batches, the same in-memory data and the same
+arguments of the call: `call_arguments`).
 """
 
 import contextlib
 import functools
+import inspect
+import threading
 
 import keras
 import tensorflow as tf
@@ -18,6 +21,7 @@ from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 
+from tfdist.strategies import call_arguments
 from tfdist.strategies.data_fingerprint import array_fingerprint
 from tfdist.strategies.keras_patches.model_strategy import (is_tfdist_strategy, record_data_adapter,
                                                             tfdist_strategy)
@@ -46,7 +50,8 @@ def _install_build_without_peeking():
             return maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
         spec = tf.nest.map_structure(
             lambda s: None if isinstance(s, tf.OptionalSpec) else s, dataset.element_spec)
-        with self.distribute_strategy.scope():
+        with self.distribute_strategy.scope(), _optimizer_unbuilt_unless(
+                self, getattr(iterator, "_tfdist_fit_iterator", False)):
             try:
                 self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
             except RuntimeError as error:
@@ -56,6 +61,26 @@ def _install_build_without_peeking():
                                     "(%s)", 1, self.name, str(error).split(".")[0])
 
     trainer._maybe_symbolic_build = build_from_spec  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _optimizer_unbuilt_unless(model, training):
+    """Keras' symbolic build also builds the optimizer; inside, only when `training`.
+
+    One process builds the optimizer at its first training step, so an
+    `evaluate` before any `fit` leaves it unbuilt and a `load_weights` then
+    restores no optimizer state; a symbolic build in `evaluate` or `predict`
+    must not build it either.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    hide = not training and optimizer is not None and not optimizer.built
+    if hide:
+        optimizer.built = True  # what _symbolic_build reads
+    try:
+        yield
+    finally:
+        if hide:
+            optimizer.built = False
 
 
 def _rank_slice(value, rank, world_size):
@@ -151,6 +176,7 @@ def install_data_recording():
 
     def iterator_init(self, distribute_strategy=None, *args, **kwargs):
         # Only fit's training iterator passes class_weight (checked by check_keras).
+        self._tfdist_fit_iterator = "class_weight" in kwargs
         scope = (distribute_strategy.extended.epoch_data_scope("class_weight" in kwargs)
                  if is_tfdist_strategy(distribute_strategy) else contextlib.nullcontext())
         with scope:
@@ -158,9 +184,53 @@ def install_data_recording():
         record_data_adapter(self.data_adapter)
         if is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
             distribute_strategy.extended.check_same_data(
-                self.num_batches, _in_memory_fingerprint(self.data_adapter))
+                self.num_batches, _in_memory_fingerprint(self.data_adapter),
+                _current_call_signature())
 
     TFEpochIterator.__init__ = iterator_init
+    _install_call_recording()
+
+
+_calls = threading.local()
+
+
+def in_keras_loop():
+    """True inside `fit`, `evaluate` or `predict` of a model under a tfdist strategy."""
+    return bool(getattr(_calls, "stack", None))
+
+
+def _current_call_signature():
+    """`call_arguments.call_signature` of the fit/evaluate/predict being run, or None."""
+    stack = getattr(_calls, "stack", None)
+    return stack[-1] if stack else None
+
+
+def _install_call_recording():
+    """fit/evaluate/predict record their arguments for the epoch iterators they build."""
+    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    for name in call_arguments.CALLS:
+        original = getattr(trainer, name)
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)  # check_keras reads the originals through them
+        def recorded(self, *args, _original=original, _name=name, _signature=signature,
+                     **kwargs):
+            if not is_tfdist_strategy(getattr(self, "_distribute_strategy", None)):
+                return _original(self, *args, **kwargs)
+            bound = _signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments, steps_per_execution=self.steps_per_execution)
+            arguments.pop("kwargs", None)
+            stack = getattr(_calls, "stack", None)
+            if stack is None:
+                stack = _calls.stack = []
+            stack.append(call_arguments.call_signature(_name, arguments))
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                stack.pop()
+
+        setattr(trainer, name, recorded)
 
 
 def install():

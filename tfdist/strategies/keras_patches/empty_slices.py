@@ -30,7 +30,8 @@ def install():
         try:
             return empty_slice.call_on_rows(
                 lambda *a, **k: layer_call(self, *a, **k), args, kwargs,
-                mask_of=get_keras_mask, set_mask=set_keras_mask)
+                mask_of=get_keras_mask, set_mask=set_keras_mask,
+                stand_in_scope=step.stand_in_scope)
         finally:
             _local.inside = False
 
