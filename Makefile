@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 STRESS_JOBS ?= 120
 STRESS_ARGS ?=
 
-.PHONY: install demo test test-all bench stress clean
+.PHONY: install demo test test-fast test-all bench stress clean
 
 # TFDIST_WITHOUT_MPI=1: no Open MPI, no mpi4py, Horovod on Gloo only (mpirun jobs unavailable).
 WITHOUT_MPI := $(filter 1 yes true,$(TFDIST_WITHOUT_MPI))
@@ -29,8 +29,11 @@ install: $(STAMP)  ## create .venv and install tfdist with its dependencies
 demo: install  ## train a CNN on the bundled digits data with 2 processes
 	$(BIN)/tfdist-run -np $(NP) $(BIN)/python examples/digits.py
 
-test: install  ## the test suite (multi-process tests on loopback), ~15-30 min
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) tests
+test-fast: install  ## the in-process tier: no process launched, about a minute
+	$(BIN)/python -m pytest -x -m "in_process" $(PYTEST_ARGS) tests
+
+test: test-fast  ## the in-process tier, then the multi-process tests (loopback), ~25 min
+	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
 
 test-all: install  ## every test, including the slow scenarios
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests

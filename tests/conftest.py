@@ -42,3 +42,34 @@ def _without_strategy(options):
             at = options.index(name)
             del options[at:at + 2]
     return tuple(options)
+
+
+# Files whose tests start no process (but those marked `launches`): the in-process tier,
+# `make test-fast` (pytest -m in_process), which `make test` runs first.
+IN_PROCESS_FILES = {
+    "test_aggregators_in_process.py", "test_async_store_in_process.py", "test_cluster.py",
+    "test_cost_model_units.py", "test_cpu_share.py", "test_lars.py", "test_lr_callbacks.py",
+    "test_quiet_output.py", "test_recommend.py", "test_step_in_process.py",
+    "test_structure.py", "test_units.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    del config
+    for item in items:
+        if (item.path.name in IN_PROCESS_FILES
+                and item.get_closest_marker("launches") is None):
+            item.add_marker(pytest.mark.in_process)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--time-budgets", action="store_true",
+                     help="fail the run if a test file takes longer than its budget "
+                          "(tests/time_budget.py)")
+
+
+def pytest_configure(config):
+    from time_budget import TimeBudgets  # pylint: disable=import-outside-toplevel
+
+    config.pluginmanager.register(TimeBudgets(config.getoption("--time-budgets")),
+                                  "tfdist_time_budgets")

@@ -247,6 +247,7 @@ def test_bad_arguments_show_the_value(make, message):
         make()
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("world", [1, 2])
 def test_trajectory_and_resume_in_real_training(tmp_path, world):
     """tests/scripts/lr_callbacks.py: 4 epochs of 5 global batches of 64, SGD momentum."""
