@@ -17,7 +17,26 @@ import collections
 import pytest
 
 DEFAULT_BUDGET = 60.0
-BUDGETS = {}  # filled below from one measured run
+# Measured on a fresh clone's `.ci/run` (the multi-process files, make test), seconds: about
+# 2.5 times each, rounded up to 10 s. test_equivalence shares the session's one-process
+# reference with other files: whichever runs first pays for it.
+BUDGETS = {
+    "test_real_world.py": 450,       # 180 s measured
+    "test_kill_matrix.py": 410,      # 164
+    "test_horovod.py": 350,          # 139
+    "test_parameter_server.py": 250,  # 100
+    "test_launchers.py": 230,        # 92
+    "test_async_ps.py": 220,         # 88
+    "test_resume.py": 220,           # 86
+    "test_profiling.py": 200,        # 78
+    "test_failures.py": 180,         # 71
+    "test_keras_patterns.py": 180,   # 71
+    "test_tree.py": 180,             # 69
+    "test_checkpoints.py": 150,      # 59
+    "test_buckets.py": 120,          # 45
+    "test_compression.py": 80,       # 31
+    "test_equivalence.py": 90,       # 24, or more when it computes the shared reference
+}
 
 
 class TimeBudgets:
