@@ -156,3 +156,39 @@ def test_light_modules_import_without_tensorflow(module):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+# --- what the layers above use of strategy.extended (extended_interface) ----------------
+_OWN_MODULES = ("strategies/data_parallel.py", "strategies/asynchronous.py")
+
+
+def _extended_members_used():
+    """(path, member) of every `<...>.extended.<member>` read outside the strategy's modules."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if str(path).endswith(_OWN_MODULES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "extended"):
+                yield path.relative_to(PACKAGE.parent), node.attr
+
+
+def test_layers_above_use_only_the_declared_members_of_strategy_extended():
+    from tfdist.strategies.extended_interface import MEMBERS  # pylint: disable=C0415
+
+    used = set(_extended_members_used())
+    assert {member for _, member in used} >= {"communicator", "aggregator", "remote_updates"}
+    undeclared = sorted((str(path), member) for path, member in used if member not in MEMBERS)
+    assert not undeclared, ("strategy.extended members used but not declared in "
+                            f"tfdist/strategies/extended_interface.py: {undeclared}")
+
+
+def test_every_strategy_implementation_provides_the_declared_members():
+    from tfdist.strategies.asynchronous import AsynchronousExtended  # pylint: disable=C0415
+    from tfdist.strategies.data_parallel import DataParallelExtended  # pylint: disable=C0415
+    from tfdist.strategies.extended_interface import MEMBERS  # pylint: disable=C0415
+
+    for implementation in (DataParallelExtended, AsynchronousExtended):
+        annotated = set().union(*(getattr(c, "__annotations__", {}) for c in implementation.__mro__))
+        missing = [m for m in MEMBERS if not hasattr(implementation, m) and m not in annotated]
+        assert not missing, f"{implementation.__name__} lacks {missing}"

@@ -63,12 +63,14 @@ def _local_device(cluster):
 
 
 class DataParallelExtended(_tf.OneDeviceExtended):
-    """The strategy's implementation (`strategy.extended`)."""
+    """The strategy's implementation (`strategy.extended`); what other layers may use of it is
+    declared by `extended_interface.StrategyExtended`."""
 
     # Training steps go to asynchronous parameter servers, through `remote_updates` (the
     # worker's client): `asynchronous.AsynchronousExtended`.
     asynchronous = False
     remote_updates = None
+    communication_counters: CommunicationCounters  # set in __init__
 
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
         self._cluster = runtime.cluster()
@@ -201,6 +203,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         if step is not None and step.gradients_aggregated:
             return values  # already summed by aggregate_gradients
         return self._gradients.all_reduce(values, GRADIENT, reduce_op)
+
+    def push_gradients(self, optimizer, gradients, variables, weighted_in_loss):
+        """Only the asynchronous parameter server's steps push (`AsynchronousExtended`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} sums gradients in its step; only the asynchronous parameter "
+            "server pushes them to servers")
 
     def aggregate_gradients(self, gradients, variables=None, weighted_in_loss=False):
         """The global batch's gradients from this rank's, now (`global_gradients`)."""

@@ -1,0 +1,72 @@
+"""What the layers above the strategy use of `strategy.extended`: the declared interface.
+
+The Keras patches (`keras_patches`), the callbacks and the profiling report
+reach a tfdist strategy's implementation through `strategy.extended`. These
+are the only members they may use; `tests/test_structure.py` checks that
+every `extended.<member>` read outside the strategy's own modules is
+declared here and that both implementations (`DataParallelExtended`, the
+synchronous strategies; `AsynchronousExtended`, the asynchronous parameter
+server) provide every member. A new use starts with a line here.
+"""
+
+import contextlib
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+
+@runtime_checkable
+class StrategyExtended(Protocol):
+    """The members of a tfdist strategy's `extended` object that other layers use."""
+
+    # ------------------------------------------------------------ what it is
+    asynchronous: bool
+    """Training steps go to asynchronous parameter servers (workers not in step)."""
+
+    remote_updates: Optional[Any]
+    """The asynchronous parameter-server client of the workers, or None (synchronous)."""
+
+    communication_counters: Any
+    """`tfdist.profiling.counters.CommunicationCounters` of this process's steps."""
+
+    @property
+    def communicator(self) -> Any:
+        """This process's `tfdist.comm.base.Communicator` (an identity for one process)."""
+
+    @property
+    def aggregator(self) -> Any:
+        """The gradient-aggregation hook (`tfdist.aggregation.base.Aggregator`)."""
+
+    @property
+    def compression_name(self) -> str:
+        """The compression of gradients on the wire ("none", "fp16", ...)."""
+
+    # -------------------------------------------------------------- gradients
+    def aggregate_gradients(self, gradients: Sequence[Any], variables: Optional[Sequence[Any]] = None,
+                            weighted_in_loss: bool = False) -> list:
+        """The global batch's gradients from this rank's, now."""
+
+    def push_gradients(self, optimizer: Any, gradients: Sequence[Any], variables: Sequence[Any],
+                       weighted_in_loss: bool) -> Any:
+        """Inside an asynchronous train step: send the gradients to the servers."""
+
+    def build_aggregator_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        """The hook's state for `variables`, as `optimizer`'s variables."""
+
+    # -------------------------------------------------------------- agreement
+    def any_rank(self, flag: bool, training: bool = False) -> bool:
+        """True on every rank if `flag` is true on any rank."""
+
+    def any_rank_each(self, flags: Sequence[bool], training: bool = False) -> list:
+        """`any_rank` of each of several flags, in one exchange."""
+
+    def check_same_data(self, num_batches: Optional[int], fingerprint: Optional[tuple] = None,
+                        signature: Optional[Sequence[int]] = None) -> None:
+        """Fail clearly when ranks were given different data or arguments."""
+
+    def epoch_data_scope(self, training: bool) -> contextlib.AbstractContextManager:
+        """Context in which Keras builds an epoch iterator (`training`: fit's own)."""
+
+
+MEMBERS = tuple(name for name in list(StrategyExtended.__annotations__)
+                + [name for name, value in vars(StrategyExtended).items()
+                   if not name.startswith("_") and (callable(value)
+                                                    or isinstance(value, property))])
