@@ -32,6 +32,7 @@ process prints on stderr while importing TensorFlow is lost if the process
 dies inside that import), and one warnings filter per process.
 """
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
@@ -124,31 +125,28 @@ class _NoticeFreeLoader(importlib.abc.Loader):
             self._loader.exec_module(module)
 
 
-class without_startup_notices:  # pylint: disable=invalid-name  (a context manager)
+@contextlib.contextmanager
+def without_startup_notices():
     """Inside: what is written to file descriptor 2 is held; on exit it is written back to
     stderr without TensorFlow's start-up notices."""
-
-    def __enter__(self):
-        sys.stderr.flush()
-        self._held = tempfile.TemporaryFile()  # pylint: disable=consider-using-with
-        self._stderr = os.dup(2)
-        os.dup2(self._held.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc_info):
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as held:
+        stderr = os.dup(2)
+        os.dup2(held.fileno(), 2)
         try:
-            sys.stderr.flush()
+            yield
         finally:
-            os.dup2(self._stderr, 2)
-            os.close(self._stderr)
-        self._held.seek(0)
-        notices = NoticeDropper()
-        kept = [line for line in self._held.read().decode("utf-8", "replace").splitlines(True)
-                if not notices.is_notice(line)]
-        self._held.close()
-        if kept:
-            os.write(2, "".join(kept).encode("utf-8"))
-        return False
+            try:
+                sys.stderr.flush()
+            finally:
+                os.dup2(stderr, 2)
+                os.close(stderr)
+            held.seek(0)
+            notices = NoticeDropper()
+            kept = [line for line in held.read().decode("utf-8", "replace").splitlines(True)
+                    if not notices.is_notice(line)]
+            if kept:
+                os.write(2, "".join(kept).encode("utf-8"))
 
 
 def after_discovery(cluster, environ=None):

@@ -441,19 +441,22 @@ def small_classifier(strategy):
     return model
 
 
-def classification_data(rows, seed):
+def trained_classifier(strategy, seed):
+    """`small_classifier` trained 2 epochs on 65 rows in batches of 32 (empty slices);
+    (model, x, y)."""
+    keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 5)).astype("float32")
-    return x, np.argmax(x[:, :3] + 0.3 * x[:, 3:4], axis=1).astype("int64")
+    x = rng.normal(size=(65, 5)).astype("float32")
+    y = np.argmax(x[:, :3] + 0.3 * x[:, 3:4], axis=1).astype("int64")
+    model = small_classifier(strategy)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    return model, x, y
 
 
 def case_save_then_load(strategy):
     """keras.io's serialization guide on every rank: `save`, `load_model` right after, train
     the reloaded model on; `save_weights` / `load_weights`; `export` and serve the SavedModel."""
-    keras.utils.set_random_seed(35)
-    x, y = classification_data(65, seed=35)
-    model = small_classifier(strategy)
-    model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    model, x, y = trained_classifier(strategy, seed=35)
     path = os.path.join(WORKDIR[0], "save_then_load.keras")
     model.save(path)
     with strategy.scope():
@@ -475,10 +478,7 @@ def case_save_then_load(strategy):
 def case_evaluate_then_load_weights(strategy):
     """A fresh model is evaluated, then given trained weights, then trained: as on one
     process, `load_weights` finds no optimizer state to restore (none was built)."""
-    keras.utils.set_random_seed(36)
-    x, y = classification_data(65, seed=36)
-    trained = small_classifier(strategy)
-    trained.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    trained, x, y = trained_classifier(strategy, seed=36)
     path = os.path.join(WORKDIR[0], "evaluate_then_load.weights.h5")
     trained.save_weights(path)
     model = small_classifier(strategy)

@@ -16,7 +16,7 @@ import threading
 
 import tensorflow as tf
 
-from tfdist.strategies.row_accounting import RowAccounting
+from tfdist.strategies.row_accounting import RowAccounting, kept_or_zeros
 from tfdist.strategies.step_plan import IMMEDIATE, StepPlan
 
 _local = threading.local()
@@ -107,10 +107,7 @@ class ReplicaStep(RowAccounting):
         """`value`, or zeros when it was computed from a stand-in row (`stand_in_scope`)."""
         if not self._stand_in:
             return value
-        real = tf.logical_not(self._stand_in[-1])
-        if value.dtype.is_floating or value.dtype.is_complex:
-            return tf.math.multiply_no_nan(value, tf.cast(real, value.dtype))
-        return tf.where(real, value, tf.zeros_like(value))
+        return kept_or_zeros(value, tf.logical_not(self._stand_in[-1]))
 
     def backward_weight(self):
         """float32 w_r, up to a factor common to all ranks: how this rank's gradients are

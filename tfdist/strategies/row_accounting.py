@@ -150,10 +150,16 @@ class RowAccounting:
     def counted_if_rows(self, value):
         """`value`, or zeros of its dtype when this rank's slice is empty (any dtype;
         a float NaN computed on the stand-in row becomes 0 too)."""
-        if value.dtype.is_floating or value.dtype.is_complex:
-            return tf.math.multiply_no_nan(value, self.has_rows_weight(value.dtype))
-        return tf.where(self.has_rows, value, tf.zeros_like(value))
+        return kept_or_zeros(value, self.has_rows)
 
     def rows_weight(self, dtype):
         """n_r as `dtype`: a per-slice mean times it is the slice's sum."""
         return tf.cast(self.local_rows, dtype)
+
+
+def kept_or_zeros(value, keep):
+    """`value` where the bool scalar `keep` is true, else zeros of its dtype (any dtype; a
+    float NaN or infinity becomes 0 too)."""
+    if value.dtype.is_floating or value.dtype.is_complex:
+        return tf.math.multiply_no_nan(value, tf.cast(keep, value.dtype))
+    return tf.where(keep, value, tf.zeros_like(value))
