@@ -30,7 +30,7 @@ demo: install  ## train a CNN on the bundled digits data with 2 processes
 	$(BIN)/tfdist-run -np $(NP) $(BIN)/python examples/digits.py
 
 test-fast: install  ## the in-process tier: no process launched, about a minute
-	$(BIN)/python -m pytest -x -m "in_process" --time-budgets $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -x -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
 test: test-fast  ## the in-process tier, then the multi-process tests (loopback), ~25 min
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests

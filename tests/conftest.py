@@ -48,6 +48,7 @@ def _without_strategy(options):
 # `make test-fast` (pytest -m in_process), which `make test` runs first.
 IN_PROCESS_FILES = {
     "test_aggregators_in_process.py", "test_async_store_in_process.py", "test_cluster.py",
+    "test_keras_in_process.py",
     "test_cost_model_units.py", "test_cpu_share.py", "test_lars.py", "test_lr_callbacks.py",
     "test_quiet_output.py", "test_recommend.py", "test_step_in_process.py",
     "test_structure.py", "test_units.py",
@@ -70,6 +71,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     from time_budget import TimeBudgets  # pylint: disable=import-outside-toplevel
+    from tfdist.comm.simulated import reserve_inter_op_threads  # pylint: disable=import-outside-toplevel
+
+    # Before any test runs a TensorFlow op: simulated ranks' compiled steps wait for their
+    # peers on TensorFlow's inter-op threads (test_keras_in_process.py).
+    reserve_inter_op_threads()
 
     config.pluginmanager.register(TimeBudgets(config.getoption("--time-budgets")),
                                   "tfdist_time_budgets")

@@ -37,7 +37,7 @@ def horovod_tfdist_run(np_, script_args, **kwargs):
     return tfdist_run(np_, script_args, launcher=["--horovod"], **kwargs)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_horovod_backend_under_horovodrun_matches_one_process(reference, tmp_path, world):
     done, ranks = train(horovodrun, world, str(tmp_path / "run"), "--backend", "horovod")
     assert "backend horovod" in done.stdout

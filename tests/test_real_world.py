@@ -28,8 +28,16 @@ import pytest
 
 from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, onednn,
                      run_case_script, script, tfdist_run)
+from tiers import REAL_WORLD_IN_PROCESS
 
 RTOL, ATOL = 1e-5, 1e-4
+ALL_CASES = ("seeded_before_strategy", "reshuffled_dataset", "guide_custom_loop",
+             "multi_worker_custom_loop", "layers_on_empty_slices", "sync_batchnorm",
+             "layer_state_aggregations", "save_then_load", "evaluate_then_load_weights",
+             "custom_loop_checkpoint", "sequence_tagger", "ner_custom_loss",
+             "transformer_classifier", "loss_reductions", "fit_per_rank_pipeline", "added_losses",
+             "multi_input_predict", "slices_that_retrace_on_some_ranks", "metric_dtypes",
+             "checkpoint_reload", "transfer_learning", "mixed_float16_regression")
 SLICED_REFERENCE = "mixed_float16_regression"  # compared with `--slices P`, not the plain run
 # What differs between aggregators: static shapes, sparse and integer sums, custom loops.
 FAST_SUBSET = ("guide_custom_loop,layers_on_empty_slices,sync_batchnorm,layer_state_aggregations,"
@@ -75,7 +83,7 @@ def assert_matches_plain_script(reference, ranks):
 def test_plain_reference_trains_every_case(references):
     reference = references(1)
     cases = {key.split("/")[0] for key in reference}
-    assert len(cases) == 22
+    assert cases == set(ALL_CASES) and len(cases) == 22
     history = reference["guide_custom_loop/h_loss"]
     assert history[-1] < history[0]
     assert reference["sequence_tagger/h_loss"][-1] < reference["sequence_tagger/h_loss"][0]
@@ -92,15 +100,20 @@ def test_sliced_reference_differs_from_the_plain_script_in_float16(references):
     assert not np.allclose(plain[key], sliced[key], atol=1e-6)
 
 
-def test_ring_collective_three_processes(references, tmp_path):
-    """Every case at 3 processes (193 rows in batches of 32 split 10/11/11, empty slices)."""
-    ranks = run(tmp_path, 3, ["--strategy", "ring", "--backend", "collective"])
-    assert len(assert_matches_plain_script(references(3), ranks)) == 22
-
-
-def test_reduction_tree_two_processes_with_onednn(references, tmp_path):
-    """oneDNN's kernels forced on (`helpers.onednn`): its max pool gradient aborts and its
+def test_ring_collective_three_processes_with_onednn(references, tmp_path):
+    """At 3 processes (193 rows in batches of 32 split 10/11/11, empty slices), every case
+    the in-process tier does not run in make test (`tiers.py`; make test-all: all 22), with
+    oneDNN's kernels forced on (`helpers.onednn`): its max pool gradient aborts and its
     convolutions misshape on zero rows, which empty slices must never reach."""
+    cases = [name for name in ALL_CASES if name not in REAL_WORLD_IN_PROCESS]
+    ranks = run(tmp_path, 3, ["--strategy", "ring", "--backend", "collective"],
+                cases=",".join(cases), extra_env=onednn("1"))
+    assert len(assert_matches_plain_script(references(3), ranks)) == len(cases)
+
+
+@pytest.mark.slow  # make test: the in-process tier runs these cases on trees of 2-5 ranks
+def test_reduction_tree_two_processes_with_onednn(references, tmp_path):
+    """oneDNN's kernels forced on, the fast subset on the reduction tree's transfers."""
     ranks = run(tmp_path, 2, ["--strategy", "tree"], cases=FAST_SUBSET, extra_env=onednn("1"))
     assert_matches_plain_script(references(2), ranks)
 
@@ -111,7 +124,7 @@ def test_parameter_server_two_processes_without_onednn(references, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_ring_collective(references, tmp_path, world):
     assert_matches_plain_script(references(world),
                                 run(tmp_path, world, ["--backend", "collective"]))

@@ -17,7 +17,7 @@ LAYERS = [
      "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share", "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
-    ("tfdist.runtime",),
+    ("tfdist.runtime", "tfdist.simulation"),
     ("tfdist.strategies", "tfdist.optimizers", "tfdist.profiling.report",
      "tfdist.profiling.rank_profiler"),
     ("tfdist.callbacks",),

@@ -4,8 +4,9 @@ and a rank that dies in the middle of a reduction fails the others clearly.
 One launch per world size trains with fanout 2 and fanout 3 in the same
 processes. Tree shapes covered (heap order): P=3 is a star for both fanouts;
 P=5 has depth 2 for both (fanout 2: 0-{1,2}, 1-{3,4}; fanout 3: 0-{1,2,3},
-1-{4}); P=2 and P=4 (star for fanout 3, full binary tree for fanout 2) run in
-`make test-all`.
+1-{4}); P=2, 4 and 5 (star for fanout 3, full binary tree for fanout 2) run in
+`make test-all`; `make test` runs trees of 2-5 simulated ranks in-process
+(test_keras_in_process.py, the tree's algorithm on the simulated transport).
 """
 
 
@@ -35,7 +36,8 @@ def one_process(one_process_run):
 
 
 @pytest.mark.parametrize("world", [
-    pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow), 5])
+    pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow),
+    pytest.param(5, marks=pytest.mark.slow)])
 def test_tree_trains_like_one_process(one_process, tmp_path, world):
     ranks = train_tree(tmp_path, world)
     for fanout in FANOUTS:

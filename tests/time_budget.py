@@ -36,6 +36,8 @@ BUDGETS = {
     "test_buckets.py": 120,          # 45
     "test_compression.py": 80,       # 31
     "test_equivalence.py": 90,       # 24, or more when it computes the shared reference
+    # make test-fast (the in-process tier), measured on this machine:
+    "test_keras_in_process.py": 220,  # 87: 22 Keras cases as simulated ranks
 }
 
 

@@ -12,6 +12,11 @@ then the resources registered with `close_at_exit` (a parameter-server
 client saying goodbye, a co-located server process being waited for) are
 closed, last registered first, then the communicators.
 
+A thread can be bound to a communicator it was given (`use_communicator`):
+`cluster()` and `communicator()` then answer for that rank, so P strategies
+built in P threads of one process train together (the simulated engine of
+`tfdist.comm.simulated`, which the in-process test tier uses).
+
 Engines:
   "collective"  TensorFlow collective ops over gRPC (`tfdist.comm.tf_collective`);
                 needs every worker's "host:port": given by tfdist-run,
@@ -23,6 +28,7 @@ Engines:
 """
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import socket
@@ -41,11 +47,40 @@ _cluster = None
 _communicators = {}
 _single_process = None
 _closables = []  # closed by `shutdown`, last registered first
+_bound = threading.local()  # .communicator, .cluster: a thread bound by `use_communicator`
+
+
+def bound_to_communicator():
+    """True in a thread bound by `use_communicator` (a simulated rank)."""
+    return getattr(_bound, "communicator", None) is not None
+
+
+@contextlib.contextmanager
+def use_communicator(communicator, launcher="simulated"):
+    """In this thread, `cluster()` is `communicator`'s rank and `communicator()` is it.
+
+    For ranks that are threads of one process (`tfdist.comm.simulated`):
+    strategies built inside the block use `communicator` whatever engine
+    they name, and the process-wide cluster and communicators are neither
+    discovered nor started. Bindings do not nest.
+    """
+    if getattr(_bound, "communicator", None) is not None:
+        raise RuntimeError("tfdist: this thread is already bound to a communicator")
+    _bound.communicator = communicator
+    _bound.cluster = cluster_lib.Cluster(rank=communicator.rank,
+                                         world_size=communicator.world_size,
+                                         launcher=launcher)
+    try:
+        yield _bound.cluster
+    finally:
+        _bound.communicator = _bound.cluster = None
 
 
 def cluster():
-    """This process's `tfdist.cluster.Cluster` (discovered once)."""
+    """This process's `tfdist.cluster.Cluster` (discovered once; a bound thread's rank)."""
     global _cluster
+    if getattr(_bound, "cluster", None) is not None:
+        return _bound.cluster
     with _lock:
         if _cluster is None:
             _cluster = cluster_lib.discover()
@@ -79,6 +114,8 @@ def communicator(engine="collective", fusion_threshold_bytes=None):
     global _single_process
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}. Got: {engine!r}")
+    if getattr(_bound, "communicator", None) is not None:
+        return _bound.communicator
     spec = cluster()
     with _lock:
         if spec.world_size == 1:

@@ -8,19 +8,37 @@ of every other rank (so, as with the real engines, every rank must issue
 the same collectives in the same order), the sum is computed in rank order
 once all P contributions are in, and every rank gets the same tensor.
 `send` / `recv` pair by (sender, receiver, instance key), as TensorFlow's
-point-to-point transfers do. So an aggregation algorithm (`tfdist.aggregation`)
+point-to-point transfers do (inside a function, also by how many times
+that transfer has run). So an aggregation algorithm (`tfdist.aggregation`)
 runs unchanged against P ranks, and a test compares its result with the
 exact sum without launching a process.
 
-Tensors are eager: collectives run when called (not inside `tf.function`;
-the real engines cover compiled steps). Every wait is bounded by `timeout`
-seconds; a rank that raises ends the others' waits with an error naming it,
-so a test of a wrong algorithm fails instead of hanging.
+Collectives run eagerly when called, and inside `tf.function` as a
+`tf.py_function` each: as TensorFlow's collective ops carry an instance key
+fixed when the function is traced, a collective traced in a function is
+matched by the number it got when traced (`trace_counter`: the same on
+every rank however often each traced the function) and by how many times
+it has run, so ops a step runs in parallel, in any order, still meet their
+peers' (a rank's eager collectives are matched in the order it issues
+them). Every wait is
+bounded by `timeout` seconds; a rank that raises ends the others' waits
+with an error naming it, so a test of a wrong algorithm fails instead of
+hanging.
+
+`tfdist.simulation.simulate_processes(world_size, fn)` also binds each
+thread to its communicator, so the strategies `fn` builds are P ranks of
+one job: Keras' `fit`/`evaluate`/`predict` and custom loops run with
+tfdist's real patches at P ranks in one process (the in-process Keras test
+tier). A compiled step's collectives block
+TensorFlow's inter-op threads while they wait for their peers, so the
+process needs more of them than ranks: `reserve_inter_op_threads` before
+TensorFlow starts.
 
 Cost: one thread per rank and a Python lock per collective; numbers move by
 reference, nothing is serialized. Not an engine for training.
 """
 
+import collections
 import itertools
 import threading
 
@@ -28,8 +46,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.comm.base import Communicator
+from tfdist.comm.trace_counter import TraceStableCounter
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# Inter-op threads a process of simulated ranks needs (see `reserve_inter_op_threads`).
+INTER_OP_THREADS = 16
 
 
 class SimulationError(RuntimeError):
@@ -55,7 +76,7 @@ class _Meeting:
                                   f"{self.timeout:g} s timeout for its peers")
         if not ready() and self.failed:
             raise SimulationError(f"simulated rank {rank}: {what} cannot complete: rank "
-                                  f"{self.failed[0]} failed ({self.failed[1]!r})")
+                                  f"{self.failed[0]} failed ({_describe(self.failed[1])})")
 
     def collective(self, rank, number, kind, value, combine):
         """Rank `rank`'s contribution `value` to round `number`; the round's result."""
@@ -71,7 +92,7 @@ class _Meeting:
                 self.results[number] = combine([contributions[r][1]
                                                 for r in range(self.world_size)])
                 self.condition.notify_all()
-            self.wait_for(lambda: number in self.results, rank, f"{kind} {number}")
+            self.wait_for(lambda: number in self.results, rank, f"{kind} {_round_name(number)}")
             return self.results[number]
 
     def post(self, sender, receiver, key, tensor):
@@ -97,20 +118,35 @@ class SimulatedCommunicator(Communicator):
         self.world_size = meeting.world_size
         self._meeting = meeting
         self._rounds = itertools.count()
-        self._keys = 0
+        self._traced = TraceStableCounter()  # numbers of the collectives traced in functions
+        self._runs = collections.Counter()  # traced collective or transfer -> times it has run
+        self._keys = TraceStableCounter()  # point-to-point keys (`reserve_instance_keys`)
 
-    def _collective(self, kind, tensor, combine):
-        if tf.inside_function():
-            raise NotImplementedError("the simulated communicator runs eagerly, not inside "
-                                      "tf.function; test compiled steps with real processes")
-        return self._meeting.collective(self.rank, next(self._rounds), kind,
-                                        tf.convert_to_tensor(tensor), combine)
+    def _collective(self, kind, tensor, combine, shape=None):
+        """`combine` of every rank's `tensor`; `shape`: the result's static shape if not the
+        tensor's (inside a function)."""
+        tensor = tf.convert_to_tensor(tensor)
+        if not tf.inside_function():
+            return self._meeting.collective(self.rank, ("eager", next(self._rounds)), kind,
+                                            tensor, combine)
+        traced = self._traced.take()
+
+        def run(value):
+            number = ("traced", traced, self._runs[traced])
+            self._runs[traced] += 1
+            return self._meeting.collective(self.rank, number, kind, value, combine)
+
+        result = tf.py_function(run, [tensor], tensor.dtype, name=f"simulated_{kind.split()[0]}")
+        result.set_shape(tensor.shape if shape is None else shape)
+        return result
 
     def all_reduce(self, tensor):
         return self._collective("all_reduce", tensor, _sum_in_rank_order)
 
     def all_gather(self, tensor):
-        return self._collective("all_gather", tensor, lambda values: tf.concat(values, axis=0))
+        tensor = tf.convert_to_tensor(tensor)
+        return self._collective("all_gather", tensor, lambda values: tf.concat(values, axis=0),
+                                shape=tf.TensorShape([None]).concatenate(tensor.shape[1:]))
 
     def broadcast(self, tensor, root=0):
         if not 0 <= root < self.world_size:
@@ -118,16 +154,40 @@ class SimulatedCommunicator(Communicator):
         return self._collective(f"broadcast from {root}", tensor, lambda values: values[root])
 
     def reserve_instance_keys(self, count):
-        first = self._keys
-        self._keys += int(count)
-        return first
+        return self._keys.take(count)
 
     def send(self, tensor, peer, instance_key):
-        self._meeting.post(self.rank, peer, instance_key, tf.convert_to_tensor(tensor))
-        return tf.no_op()
+        tensor = tf.convert_to_tensor(tensor)
+        if not tf.inside_function():
+            self._meeting.post(self.rank, peer, (instance_key, "eager"), tensor)
+            return tf.no_op()
+        transfer = (self.rank, peer, instance_key)
+
+        def post(value):
+            number = self._runs[transfer]
+            self._runs[transfer] += 1
+            self._meeting.post(self.rank, peer, (instance_key, number), value)
+            return tf.constant(0)
+
+        return tf.py_function(post, [tensor], tf.int32, name="simulated_send").op
 
     def recv(self, shape, dtype, peer, instance_key):
-        tensor = self._meeting.take(peer, self.rank, instance_key)
+        if not tf.inside_function():
+            return self._checked(self._meeting.take(peer, self.rank, (instance_key, "eager")),
+                                 shape, dtype, peer, instance_key)
+        transfer = (peer, self.rank, instance_key)
+
+        def take():
+            number = self._runs[transfer]
+            self._runs[transfer] += 1
+            return self._checked(self._meeting.take(peer, self.rank, (instance_key, number)),
+                                 shape, dtype, peer, instance_key)
+
+        result = tf.py_function(take, [], dtype, name="simulated_recv")
+        result.set_shape(shape)
+        return result
+
+    def _checked(self, tensor, shape, dtype, peer, instance_key):
         if tensor.dtype != dtype or not tf.TensorShape(shape).is_compatible_with(tensor.shape):
             raise SimulationError(
                 f"simulated rank {self.rank}: recv from rank {peer} (key {instance_key}) "
@@ -136,11 +196,48 @@ class SimulatedCommunicator(Communicator):
         return tensor
 
 
+def _round_name(number):
+    """An eager round ("eager", n) as n; a traced one as "(traced collective k, run r)"."""
+    if number[0] == "eager":
+        return str(number[1])
+    return f"(traced collective {number[1]}, run {number[2]})"
+
+
+def _describe(error):
+    """`Type: the message's telling line` (TensorFlow's errors have an empty repr; an error
+    raised while tracing puts the user-code traceback first and the message last)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    line = lines[-1] if lines[0].startswith("in user code") else lines[0]
+    return f"{type(error).__name__}: {line[:500]}"
+
+
 def _sum_in_rank_order(values):
     total = values[0]
     for value in values[1:]:
         total = total + value
     return total
+
+
+def reserve_inter_op_threads(threads=INTER_OP_THREADS):
+    """Give TensorFlow's inter-op pool `threads` threads, before TensorFlow starts.
+
+    A compiled step's simulated collective holds one inter-op thread while
+    it waits for its peers (TensorFlow sizes the pool to the CPUs: 2 here),
+    so P ranks need more than P. Raises RuntimeError, saying so, once
+    TensorFlow has started with fewer.
+    """
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        configured = tf.config.threading.get_inter_op_parallelism_threads()
+        if not configured or configured < threads:
+            raise RuntimeError(
+                "simulated ranks running compiled steps need TensorFlow's inter-op pool to "
+                f"have {threads} threads; TensorFlow started with "
+                f"{configured or 'one per CPU'}: call reserve_inter_op_threads() before any "
+                "TensorFlow op runs") from None
 
 
 def simulate(world_size, fn, timeout=DEFAULT_TIMEOUT_SECONDS):
@@ -170,7 +267,7 @@ def simulate(world_size, fn, timeout=DEFAULT_TIMEOUT_SECONDS):
         thread.join(meeting.timeout * 2)
     if meeting.failed is not None:
         rank, error = meeting.failed
-        raise SimulationError(f"simulated rank {rank} failed: {error!r}") from error
+        raise SimulationError(f"simulated rank {rank} failed: {_describe(error)}") from error
     if any(thread.is_alive() for thread in threads):
         raise SimulationError(f"simulated ranks did not finish within {2 * meeting.timeout:g} s")
     return results

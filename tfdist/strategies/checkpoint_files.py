@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import shutil
+import threading
 
 import tensorflow as tf
 
@@ -35,10 +36,18 @@ def _is_local(path):
     return "://" not in path  # gs://, s3://, hdfs://: the filesystem's own semantics apply
 
 
+def writer_tag():
+    """What tells this writer's temporary files from another's: the process id, and the
+    thread's when it is not the main thread (ranks simulated as threads share a process)."""
+    if threading.current_thread() is threading.main_thread():
+        return str(os.getpid())
+    return f"{os.getpid()}-t{threading.get_native_id()}"
+
+
 def _temporary_name(path):
     directory, name = os.path.split(path)
     extension = ".weights.h5" if name.endswith(".weights.h5") else os.path.splitext(name)[1]
-    return os.path.join(directory, f".{name}.{os.getpid()}.tmp{extension}")
+    return os.path.join(directory, f".{name}.{writer_tag()}.tmp{extension}")
 
 
 def _remove_leftovers(path):
@@ -173,7 +182,7 @@ def _write_privately_then_move(write, checkpoint, file_prefix, options):
             or (options is not None and options.experimental_enable_async_checkpoint)):
         return write(checkpoint, file_prefix, options)
     directory, name = os.path.split(os.path.abspath(file_prefix))
-    staging = os.path.join(directory, f".{name}.tfdist-{os.getpid()}")
+    staging = os.path.join(directory, f".{name}.tfdist-{writer_tag()}")
     callbacks = list(options.experimental_write_callbacks or []) if options else []
     private = copy.copy(options) if options is not None else tf.train.CheckpointOptions()
     private.experimental_write_callbacks = None

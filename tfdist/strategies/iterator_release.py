@@ -165,8 +165,11 @@ def iterate(dataset):
     """An eager iterator of `dataset` released in the background; None inside a `tf.function`.
 
     For datasets without Python in them (`calls_python`), see the module. None also
-    once the release thread has been closed (at exit)."""
-    if not tf.executing_eagerly() or not _releaser.start():
+    once the release thread has been closed (at exit), and for ranks simulated as threads
+    (`runtime.use_communicator`): the pause it saves matters only between processes, and
+    there the drain at exit was seen to wait out its whole bound."""
+    if (not tf.executing_eagerly() or runtime.bound_to_communicator()
+            or not _releaser.start()):
         return None
     with tf.device(dataset._variant_tensor.device):  # pylint: disable=protected-access
         return ReleasedInBackgroundIterator(dataset)

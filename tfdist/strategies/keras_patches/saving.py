@@ -28,7 +28,7 @@ import keras
 from absl import logging
 
 from tfdist.strategies import rank_state
-from tfdist.strategies.checkpoint_files import save_model_atomically
+from tfdist.strategies.checkpoint_files import save_model_atomically, writer_tag
 from tfdist.strategies.keras_patches.data import in_keras_loop
 from tfdist.strategies.keras_patches.model_strategy import is_non_chief_model, tfdist_strategy
 
@@ -56,8 +56,8 @@ def _export_atomically(export, model, filepath, *args, **kwargs):
     if path is None or "://" in path:
         return export(model, filepath, *args, **kwargs)
     directory, name = os.path.split(os.path.abspath(path))
-    staging = os.path.join(directory, f".{name}.tfdist-{os.getpid()}")
-    previous = os.path.join(directory, f".{name}.tfdist-{os.getpid()}-previous")
+    staging = os.path.join(directory, f".{name}.tfdist-{writer_tag()}")
+    previous = os.path.join(directory, f".{name}.tfdist-{writer_tag()}-previous")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         result = export(model, staging, *args, **kwargs)

@@ -1,0 +1,119 @@
+"""The in-process Keras tier: the case scripts at P = 2..5 ranks as threads of one process.
+
+Each rank is a thread bound to a simulated communicator
+(`tfdist.simulation.simulate_processes`), so the strategies it builds
+are P ranks of one job and Keras' `fit`/`evaluate`/`predict`, custom
+`train_step`s and custom loops run with tfdist's real patches and its real
+aggregation algorithms (ring, reduction tree); only the transport is
+simulated. No process is launched: a case takes seconds, and every change
+to a patch is checked here first. The same script computes the reference
+at one rank (the plain script for `real_world.py`, tfdist's one-process
+path for `keras_patterns.py`) in the same process.
+
+Each case runs at one (strategy, world size): the cases cycle through
+ring and tree at 2, 3, 4 and 5 ranks, so every world size meets uneven and
+empty slices somewhere. The real-world cases that take more than a few
+seconds here (threads share the GIL while every rank traces its steps)
+run in `make test-all`; `make test` runs them as processes
+(test_real_world.py; `tiers.py` has the split). Left to the multi-process suites, which run them on
+the real engines: cases drawing from TensorFlow's process-wide random state
+(an unseeded `Dataset.shuffle`, a `PyDataset` shuffled by `random`), the
+float16 case compared with P slices, and the parameter server (its servers
+are processes).
+"""
+
+import itertools
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import assert_ranks_match_reference, max_abs_difference
+from tiers import KERAS_PATTERNS_PROCESSES_ONLY, REAL_WORLD_IN_PROCESS, REAL_WORLD_PROCESSES_ONLY
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import keras_patterns  # noqa: E402  pylint: disable=wrong-import-position
+import real_world  # noqa: E402  pylint: disable=wrong-import-position
+import train_equivalence  # noqa: E402  pylint: disable=wrong-import-position
+from case_runner import make_strategy  # noqa: E402  pylint: disable=wrong-import-position
+
+import tfdist  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.simulation import simulate_processes  # noqa: E402  pylint: disable=wrong-import-position
+
+RTOL, ATOL = 1e-5, 1e-4
+FLOAT16_RTOL, FLOAT16_ATOL = 2e-3, 1e-3  # keras_patterns' mixed_precision (test_keras_patterns)
+CONFIGURATIONS = (("ring", 2), ("tree", 3), ("ring", 4), ("tree", 2), ("ring", 3), ("tree", 5))
+
+PATTERN_CASES = [name for name in keras_patterns.CASES
+                 if name not in KERAS_PATTERNS_PROCESSES_ONLY]
+REAL_WORLD_CASES = [name for name in real_world.CASES if name not in REAL_WORLD_PROCESSES_ONLY]
+
+
+def configured(cases, slow_unless=None):
+    """pytest parameters: each case with the next (strategy, world) of the cycle; cases not
+    in `slow_unless` (when given) run in make test-all only."""
+    return [pytest.param(name, kind, world, id=f"{name}-{kind}{world}",
+                         marks=() if slow_unless is None or name in slow_unless
+                         else pytest.mark.slow)
+            for name, (kind, world) in zip(cases, itertools.cycle(CONFIGURATIONS))]
+
+
+def pattern_tolerance(key):
+    if key.startswith("mixed_precision"):
+        return FLOAT16_RTOL, FLOAT16_ATOL
+    return RTOL, ATOL
+
+
+def prefixed(name, arrays):
+    return {f"{name}/{key}": np.asarray(value) for key, value in arrays.items()}
+
+
+@pytest.mark.parametrize("name,kind,world", configured(PATTERN_CASES))
+def test_keras_pattern_trains_like_one_process(name, kind, world):
+    case = keras_patterns.CASES[name]
+    reference = simulate_processes(1, lambda rank: case(make_strategy("ring")))[0]
+    ranks = simulate_processes(world, lambda rank: case(make_strategy(kind)))
+    assert_ranks_match_reference(prefixed(name, reference), [prefixed(name, r) for r in ranks],
+                                 pattern_tolerance, "one rank")
+
+
+@pytest.mark.parametrize("name,kind,world", configured(REAL_WORLD_CASES, REAL_WORLD_IN_PROCESS))
+def test_real_world_script_trains_like_the_plain_script(name, kind, world, tmp_path):
+    case = real_world.CASES[name]
+
+    def in_directory(name):
+        # The ranks share one directory, as processes on one host do.
+        real_world.WORKDIR[0] = str(tmp_path / name)
+        os.makedirs(real_world.WORKDIR[0])
+
+    in_directory("plain")
+    reference = case(make_strategy("plain"))
+    in_directory("ranks")
+    ranks = simulate_processes(world, lambda rank: case(make_strategy(kind)))
+    assert_ranks_match_reference(prefixed(name, reference), [prefixed(name, r) for r in ranks],
+                                 lambda key: (RTOL, ATOL), "the plain script")
+
+
+@pytest.mark.slow  # 20-25 s each here; trees of 5 ranks meet keras_patterns above
+@pytest.mark.parametrize("world", [4, 5])
+def test_deeper_trees_train_like_one_process(world):
+    """Fanout 2 and 3 at 4 ranks (full binary tree; star) and 5 (depth 2 for both), on
+    NumPy input and on a shuffled tf.data pipeline with steps_per_execution=2."""
+    def train(make):
+        strategy = make()
+        arrays = {}
+        for config in ("adam", "adam_tfdata"):
+            arrays.update(prefixed(config, train_equivalence.train(
+                strategy, *train_equivalence.CONFIGS[config], epochs=2, batch=60, rows=360)))
+        return arrays
+
+    reference = simulate_processes(1, lambda rank: train(
+        tfdist.strategies.RingAllReduceStrategy))[0]
+    for fanout in (2, 3):
+        ranks = simulate_processes(world, lambda rank: train(
+            lambda: tfdist.strategies.ReductionTreeStrategy(fanout=fanout)))
+        difference = max_abs_difference(reference, ranks[0])
+        assert difference <= 1e-4, f"fanout {fanout}: {world} ranks differ from one by {difference}"
+        for rank in range(1, world):
+            assert max_abs_difference(ranks[0], ranks[rank]) == 0.0

@@ -1,0 +1,100 @@
+"""Python's and NumPy's global random generators, one per thread while ranks are threads.
+
+Separate processes each have their own `random` and `numpy.random` global
+generators; the threads of one process share them. Simulated ranks
+(`tfdist.simulation.simulate_processes`) run the same script in P
+threads: each seeds the global generators (`keras.utils.set_random_seed`)
+and draws from them (Keras' default seeds, shuffles), and shared
+generators would interleave those draws by the scheduler's whim, so rank
+0's model would start from other weights than the same script in one
+process. Inside `per_thread()`, the module-level functions of `random`
+and `numpy.random` (`seed`, `randint`, `shuffle`, `get_state`, ...) use the
+calling thread's own generator, which starts as a copy of the process's
+at the time the thread first draws; the main thread keeps the process's.
+
+Not covered: TensorFlow's global seed and its eager op-seed sequence live
+in TensorFlow's process-wide context (`tf.random.set_seed`); ranks that set
+the same seed agree on it, but eager random ops without an op seed draw
+from one shared sequence. Cost: one thread-local lookup per draw.
+"""
+
+import contextlib
+import random
+import threading
+
+import numpy as np
+
+_PYTHON_FUNCTIONS = tuple(sorted(name for name in dir(random)
+                                 if getattr(getattr(random, name), "__self__", None)
+                                 is random._inst))  # pylint: disable=protected-access
+_NUMPY_FUNCTIONS = tuple(sorted(
+    {name for name in dir(np.random)
+     if getattr(getattr(np.random, name), "__self__", None) is np.random.mtrand._rand}
+    | {"seed", "get_state", "set_state", "sample", "ranf", "random_sample"}))
+
+_lock = threading.Lock()
+_depth = [0]
+_saved = {}
+_local = threading.local()
+
+
+def _thread_python_random():
+    generator = getattr(_local, "python", None)
+    if generator is None:
+        if threading.current_thread() is threading.main_thread():
+            return random._inst  # pylint: disable=protected-access
+        generator = _local.python = random.Random()
+        generator.setstate(random._inst.getstate())  # pylint: disable=protected-access
+    return generator
+
+
+def _thread_numpy_random():
+    generator = getattr(_local, "numpy", None)
+    if generator is None:
+        if threading.current_thread() is threading.main_thread():
+            return np.random.mtrand._rand
+        generator = _local.numpy = np.random.RandomState()
+        generator.set_state(np.random.mtrand._rand.get_state())
+    return generator
+
+
+def _python_proxy(name):
+    def proxy(*args, **kwargs):
+        return getattr(_thread_python_random(), name)(*args, **kwargs)
+    proxy.__name__ = name
+    return proxy
+
+
+def _numpy_proxy(name):
+    def proxy(*args, **kwargs):
+        return getattr(_thread_numpy_random(), name)(*args, **kwargs)
+    proxy.__name__ = name
+    return proxy
+
+
+@contextlib.contextmanager
+def per_thread():
+    """Within the block, every thread draws from its own Python and NumPy global generator.
+
+    Re-entrant; the module functions are restored when the outermost block ends.
+    """
+    with _lock:
+        if _depth[0] == 0:
+            for name in _PYTHON_FUNCTIONS:
+                _saved[("random", name)] = getattr(random, name)
+                setattr(random, name, _python_proxy(name))
+            for name in _NUMPY_FUNCTIONS:
+                if hasattr(np.random, name):
+                    _saved[("numpy", name)] = getattr(np.random, name)
+                    setattr(np.random, name, _numpy_proxy(name))
+        _depth[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth[0] -= 1
+            if _depth[0] == 0:
+                for (module, name), function in _saved.items():
+                    setattr(random if module == "random" else np.random, name, function)
+                _saved.clear()
+
