@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 STRESS_JOBS ?= 120
 STRESS_ARGS ?=
 
-.PHONY: install demo test test-fast test-all bench stress clean
+.PHONY: install demo typecheck test test-fast test-all bench stress clean
 
 # TFDIST_WITHOUT_MPI=1: no Open MPI, no mpi4py, Horovod on Gloo only (mpirun jobs unavailable).
 WITHOUT_MPI := $(filter 1 yes true,$(TFDIST_WITHOUT_MPI))
@@ -29,13 +29,16 @@ install: $(STAMP)  ## create .venv and install tfdist with its dependencies
 demo: install  ## train a CNN on the bundled digits data with 2 processes
 	$(BIN)/tfdist-run -np $(NP) $(BIN)/python examples/digits.py
 
-test-fast: install  ## the in-process tier: no process launched, about a minute
+typecheck: install  ## mypy on the declared interfaces (pyproject.toml [tool.mypy]), seconds
+	$(BIN)/python -m mypy
+
+test-fast: typecheck  ## the type check, then the in-process tier: no process launched, ~2 min
 	$(BIN)/python -m pytest -x -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
-test: test-fast  ## the in-process tier, then the multi-process tests (loopback), ~25 min
+test: test-fast  ## make test-fast, then the multi-process tests (loopback), ~20 min
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
 
-test-all: install  ## every test, including the slow scenarios
+test-all: typecheck  ## every test, including the slow scenarios
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
 bench: install  ## benchmarks; JSON (and PNG) results in benchmarks/results/

@@ -33,6 +33,7 @@ import dataclasses
 import os
 import socket
 import threading
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from absl import logging
 
@@ -40,23 +41,29 @@ from tfdist import cluster as cluster_lib
 from tfdist import cpu_share
 from tfdist import quiet_output
 
+if TYPE_CHECKING:
+    from tfdist.comm.base import Communicator
+
+Closable = TypeVar("Closable")
+
 ENGINES = ("collective", "horovod")
 
 _lock = threading.RLock()
-_cluster = None
-_communicators = {}
-_single_process = None
-_closables = []  # closed by `shutdown`, last registered first
+_cluster: Optional[cluster_lib.Cluster] = None
+_communicators: Dict[str, "Communicator"] = {}
+_single_process: Optional["Communicator"] = None
+_closables: List[Any] = []  # closed by `shutdown`, last registered first
 _bound = threading.local()  # .communicator, .cluster: a thread bound by `use_communicator`
 
 
-def bound_to_communicator():
+def bound_to_communicator() -> bool:
     """True in a thread bound by `use_communicator` (a simulated rank)."""
     return getattr(_bound, "communicator", None) is not None
 
 
 @contextlib.contextmanager
-def use_communicator(communicator, launcher="simulated"):
+def use_communicator(communicator: "Communicator",
+                     launcher: str = "simulated") -> Iterator[cluster_lib.Cluster]:
     """In this thread, `cluster()` is `communicator`'s rank and `communicator()` is it.
 
     For ranks that are threads of one process (`tfdist.comm.simulated`):
@@ -76,7 +83,7 @@ def use_communicator(communicator, launcher="simulated"):
         _bound.communicator = _bound.cluster = None
 
 
-def cluster():
+def cluster() -> cluster_lib.Cluster:
     """This process's `tfdist.cluster.Cluster` (discovered once; a bound thread's rank)."""
     global _cluster
     if getattr(_bound, "cluster", None) is not None:
@@ -89,7 +96,7 @@ def cluster():
         return _cluster
 
 
-def launched_with_horovod():
+def launched_with_horovod() -> bool:
     """True when Horovod knows this process's peers.
 
     That is: started by horovodrun or `tfdist-run --horovod` (Gloo), or by
@@ -104,7 +111,8 @@ def launched_with_horovod():
     return horovod_mpi_built()
 
 
-def communicator(engine="collective", fusion_threshold_bytes=None):
+def communicator(engine: str = "collective",
+                 fusion_threshold_bytes: Optional[int] = None) -> "Communicator":
     """The process-wide `tfdist.comm.base.Communicator` on `engine`.
 
     With one training process it is the `SingleProcessCommunicator`, whatever
@@ -133,7 +141,7 @@ def communicator(engine="collective", fusion_threshold_bytes=None):
         return _communicators[engine]
 
 
-def close_at_exit(resource):
+def close_at_exit(resource: Closable) -> Closable:
     """Have `shutdown` call `resource.close()` (after the peers are no longer watched)."""
     with _lock:
         _closables.append(resource)
@@ -144,13 +152,13 @@ def close_at_exit(resource):
 _shutdown_registered = [False]
 
 
-def _register_shutdown():
+def _register_shutdown() -> None:
     if not _shutdown_registered[0]:
         _shutdown_registered[0] = True
         atexit.register(shutdown)
 
 
-def shutdown():
+def shutdown() -> None:
     """Stop watching peers, close the registered resources (newest first), then the communicators.
 
     Idempotent. A resource whose `close()` fails is logged and the others
@@ -169,7 +177,8 @@ def shutdown():
             logging.warning("tfdist: closing %s failed: %s", type(resource).__name__, e)
 
 
-def _start_horovod(spec, fusion_threshold_bytes):
+def _start_horovod(spec: cluster_lib.Cluster,
+                   fusion_threshold_bytes: Optional[int]) -> "Communicator":
     if not launched_with_horovod():
         raise RuntimeError(
             f"tfdist rank {spec.rank}: the Horovod engine needs processes started by "
@@ -182,7 +191,7 @@ def _start_horovod(spec, fusion_threshold_bytes):
     return HorovodCommunicator(spec, fusion_threshold_bytes)
 
 
-def _start_collective(spec):
+def _start_collective(spec: cluster_lib.Cluster) -> "Communicator":
     global _cluster
     from tfdist.comm.tf_collective import CollectiveCommunicator
 
@@ -193,7 +202,7 @@ def _start_collective(spec):
     return CollectiveCommunicator(spec)
 
 
-def _exchange_addresses(spec):
+def _exchange_addresses(spec: cluster_lib.Cluster) -> Tuple[str, ...]:
     """Under horovodrun, mpirun and srun: pick a free port and swap "host:port" with every rank.
 
     The host is TFDIST_HOST if set, else the name the launcher gave this

@@ -24,18 +24,24 @@ one rank at a time: a small Keras case takes 1-5 s at 2-5 ranks here,
 about what one launch of processes costs to start.
 """
 
+from typing import Callable, List, TypeVar
+
 from tfdist import runtime
 from tfdist.comm import thread_random_state
-from tfdist.comm.simulated import DEFAULT_TIMEOUT_SECONDS, simulate
+from tfdist.comm.simulated import DEFAULT_TIMEOUT_SECONDS, SimulatedCommunicator, simulate
 
 
-def simulate_processes(world_size, fn, timeout=DEFAULT_TIMEOUT_SECONDS):
+Result = TypeVar("Result")
+
+
+def simulate_processes(world_size: int, fn: Callable[[int], Result],
+                       timeout: float = DEFAULT_TIMEOUT_SECONDS) -> List[Result]:
     """`[fn(rank) for each rank]`, each rank a thread bound to its simulated communicator.
 
     Raises `tfdist.comm.simulated.SimulationError` naming the first rank that
     raised (its exception chained), or when a wait exceeds `timeout` seconds.
     """
-    def bound(communicator):
+    def bound(communicator: SimulatedCommunicator) -> Result:
         with runtime.use_communicator(communicator):
             return fn(communicator.rank)
 

@@ -31,6 +31,7 @@ to an exact sum.
 
 import abc
 import dataclasses
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -66,27 +67,27 @@ class Bucket:
     """
 
     index: int
-    tensors: tuple
-    variables: tuple
-    roles: tuple
+    tensors: Tuple[tf.Tensor, ...]
+    variables: Tuple[Optional[tf.Variable], ...]
+    roles: Tuple[str, ...]
 
     @property
-    def kind(self):
+    def kind(self) -> str:
         """`GRADIENTS` if the bucket holds a gradient, else `STATE` (its name scope says so)."""
         return GRADIENTS if GRADIENT in self.roles else STATE
 
     @property
-    def num_bytes(self):
+    def num_bytes(self) -> int:
         return sum(static_bytes(t) for t in self.tensors)
 
 
-def static_bytes(tensor):
+def static_bytes(tensor: tf.Tensor) -> int:
     """Bytes of `tensor` from its static shape (0 while its shape is not fully known)."""
     elements = tensor.shape.num_elements()
     return 0 if elements is None else elements * tensor.dtype.size
 
 
-def with_static_shape(tensor, variable=None):
+def with_static_shape(tensor: tf.Tensor, variable: Optional[tf.Variable] = None) -> tf.Tensor:
     """`tensor` with a fully known static shape where one is known.
 
     Inside a traced step a gradient's static shape can be less known than its
@@ -102,7 +103,7 @@ def with_static_shape(tensor, variable=None):
     return tf.reshape(tensor, shape)
 
 
-def require_static_shapes(bucket, algorithm):
+def require_static_shapes(bucket: Bucket, algorithm: str) -> None:
     """A clear error if a tensor of `bucket` has no fully known static shape (`algorithm`
     cuts buffers into pieces of static sizes)."""
     for position, tensor in enumerate(bucket.tensors):
@@ -114,7 +115,7 @@ def require_static_shapes(bucket, algorithm):
                 "(tf.ensure_shape) or use RingAllReduceStrategy, which sums tensors of any shape.")
 
 
-def positive_bytes(name, value):
+def positive_bytes(name: str, value: Any) -> int:
     """`value` as a positive int, or a ValueError naming the setting."""
     if int(value) < 1:
         raise ValueError(f"{name} must be a positive number of bytes. Got: {value!r}")
@@ -136,31 +137,31 @@ class Aggregator(abc.ABC):
     `ModelCheckpoint`, `BackupAndRestore`, `model.save`).
     """
 
-    name = "abstract"
-    communicates = True
-    num_servers = 0  # parameter servers the algorithm sends to (counted per server)
+    name: str = "abstract"
+    communicates: bool = True
+    num_servers: int = 0  # parameter servers the algorithm sends to (counted per server)
     # Reverse-order buckets (`bucket_positions`): largest bucket and first bucket, in
     # bytes; None: one bucket per call.
-    bucket_bytes = None
-    first_bucket_bytes = None
-    weights_gradients_first = False
+    bucket_bytes: Optional[int] = None
+    first_bucket_bytes: Optional[int] = None
+    weights_gradients_first: bool = False
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._bucket_numbers = TraceStableCounter(span=64)
         # The process's `CommunicationCounters`, set by the strategy (None: not counted).
-        self.counters = None
+        self.counters: Any = None
 
     @property
-    def variables(self):
+    def variables(self) -> List[tf.Variable]:
         """The algorithm's state across steps (variables; none by default)."""
         return []
 
     @property
-    def rank_variables(self):
+    def rank_variables(self) -> List[tf.Variable]:
         """The part of `variables` that is this rank's own (a compressor's residuals)."""
         return []
 
-    def build(self, optimizer, variables):
+    def build(self, optimizer: Any, variables: Sequence[tf.Variable]) -> None:
         """Create the state the hook keeps for the gradients of `variables` (none by default).
 
         Called when Keras builds `optimizer` for `variables` (before the
@@ -173,7 +174,9 @@ class Aggregator(abc.ABC):
         """
         del optimizer, variables
 
-    def all_reduce(self, tensors, variables=None, roles=EXACT):
+    def all_reduce(self, tensors: Sequence[tf.Tensor],
+                   variables: Optional[Sequence[Optional[tf.Variable]]] = None,
+                   roles: Union[str, Sequence[str]] = EXACT) -> List[tf.Tensor]:
         """Sum `tensors` across ranks: one new bucket per group of `bucket_positions`.
 
         Args:
@@ -190,7 +193,7 @@ class Aggregator(abc.ABC):
         if unknown or len(roles) != len(tensors):
             raise ValueError(f"roles must give one of {ROLES} per tensor. Got: {roles!r}")
         tensors = [with_static_shape(t, v) for t, v in zip(tensors, variables)]
-        results = [None] * len(tensors)
+        results: List[Any] = [None] * len(tensors)
         for positions in self.bucket_positions(tensors):
             index = self._bucket_numbers.take()
             bucket = Bucket(index, tuple(tensors[p] for p in positions),
@@ -200,14 +203,14 @@ class Aggregator(abc.ABC):
                 results[position] = total
         return results
 
-    def _reduce_named(self, bucket):
+    def _reduce_named(self, bucket: Bucket) -> List[tf.Tensor]:
         with tf.name_scope(self.scope_name(bucket)):
             if self.counters is None:
                 return list(self.reduce_bucket(bucket))
             return list(self.counters.timed(bucket.tensors, lambda: self.reduce_bucket(bucket),
                                             bucket.num_bytes, self.sent_bytes(bucket.num_bytes)))
 
-    def bucket_positions(self, tensors):
+    def bucket_positions(self, tensors: Sequence[tf.Tensor]) -> List[List[int]]:
         """Which of `tensors` are reduced together, bucket by bucket, in issue order.
 
         With `bucket_bytes` set: reverse-order buckets
@@ -223,33 +226,34 @@ class Aggregator(abc.ABC):
             [static_bytes(t) for t in tensors],
             self.bucket_bytes, self.first_bucket_bytes)
 
-    def scope_name(self, bucket):
+    def scope_name(self, bucket: Bucket) -> str:
         """The absolute name scope of `bucket`'s ops: `tfdist/<algorithm>/<kind>_<index>/`."""
         return bucket_scope(self.name, bucket.kind, bucket.index)
 
     @abc.abstractmethod
-    def reduce_bucket(self, bucket):
+    def reduce_bucket(self, bucket: Bucket) -> Sequence[tf.Tensor]:
         """The element-wise sums over ranks of `bucket.tensors`, in order (every rank)."""
 
     @classmethod
     @abc.abstractmethod
-    def predict_seconds(cls, n_bytes, world_size, alpha, beta, **options):
+    def predict_seconds(cls, n_bytes: float, world_size: int, alpha: float, beta: float,
+                        **options: Any) -> float:
         """Predicted seconds to aggregate `n_bytes` per process over `world_size` processes.
 
         `options` are the algorithm's own constructor settings (fanout,
         servers, chunk size, ...); see each implementation.
         """
 
-    def sent_bytes(self, n_bytes):
+    def sent_bytes(self, n_bytes: int) -> int:
         """Bytes this rank puts on the wire to aggregate a bucket of `n_bytes` (0 by default)."""
         del n_bytes
         return 0
 
-    def close(self):
+    def close(self) -> None:
         """Release what the algorithm holds (servers, threads); nothing by default."""
 
-    def __enter__(self):
+    def __enter__(self) -> "Aggregator":
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()

@@ -45,6 +45,7 @@ schemes it runs fp16 only.
 
 import abc
 import math
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -60,38 +61,38 @@ class Compressor(abc.ABC):
     `check_supported`.
     """
 
-    name = "abstract"
-    gathers = False  # True: the wire format is every rank's message, gathered (not a sum)
-    runs_on_servers = False  # True: a parameter server's sum of it is still right
+    name: str = "abstract"
+    gathers: bool = False  # True: the wire format is every rank's message, gathered (not a sum)
+    runs_on_servers: bool = False  # True: a parameter server's sum of it is still right
     # False only for a compressor as close to exact as the usual baseline (fp16): the cost
     # model picks one that changes the training only where it pays clearly (`recommend`).
-    changes_training = True
-    keeps_rank_state = False  # True: some state is this rank's own (`rank_variables`)
+    changes_training: bool = True
+    keeps_rank_state: bool = False  # True: some state is this rank's own (`rank_variables`)
 
     @property
-    def variables(self):
+    def variables(self) -> List[tf.Variable]:
         """The compressor's state across steps (variables; none by default)."""
         return []
 
     @property
-    def rank_variables(self):
+    def rank_variables(self) -> List[tf.Variable]:
         """The part of `variables` that differs per rank (residuals): kept per rank in
         checkpoints (`tfdist.strategies.rank_state`)."""
         return []
 
-    def build(self, optimizer, variables):
+    def build(self, optimizer: Any, variables: Sequence[tf.Variable]) -> None:
         """Create state for the gradients of `variables` as `optimizer`'s variables
         (`Aggregator.build`: saved, restored and broadcast with them); none by default."""
         del optimizer, variables
 
-    def runs_on(self, algorithm):
+    def runs_on(self, algorithm: str) -> bool:
         """Whether this compressor can run on the aggregation algorithm named `algorithm`
         ("ring", "tree", "ps"; module docstring: which compressor runs where)."""
         if algorithm == "ps":
             return self.runs_on_servers
         return algorithm == "ring" or not self.gathers
 
-    def check_supported(self, aggregator):
+    def check_supported(self, aggregator: Aggregator) -> None:
         """Raise ValueError naming both if this compressor cannot run on `aggregator`
         (module docstring: which compressor runs where)."""
         if getattr(aggregator, "communicator", None) is None and not self.runs_on_servers:
@@ -110,7 +111,8 @@ class Compressor(abc.ABC):
                 "messages add up: 'fp16' or PowerSGD.")
 
     @abc.abstractmethod
-    def reduce(self, gradients, variables, wire):
+    def reduce(self, gradients: Sequence[tf.Tensor],
+               variables: Sequence[Optional[tf.Variable]], wire: "Wire") -> List[tf.Tensor]:
         """The sums over ranks of `gradients` (same order, shapes and dtypes), every rank.
 
         Args:
@@ -121,12 +123,13 @@ class Compressor(abc.ABC):
                 callable several times).
         """
 
-    def wire_ratio(self, dtype):
+    def wire_ratio(self, dtype: tf.DType) -> float:
         """Bytes sent per gradient byte of `dtype` (the cost model's beta factor; 1: none)."""
         del dtype
         return 1.0
 
-    def predict_seconds(self, shapes, world_size, alpha, beta, inner, **options):
+    def predict_seconds(self, shapes: Sequence[Sequence[int]], world_size: int, alpha: float,
+                        beta: float, inner: Any, **options: Any) -> float:
         """Predicted seconds to sum float32 gradients of `shapes` over `world_size` ranks
         through the aggregation algorithm `inner` (its class or an instance, with its
         `options`), under the alpha-beta model. By default: the inner algorithm moving

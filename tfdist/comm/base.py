@@ -24,6 +24,7 @@ watch at the end of a job (peers finishing first are no failure).
 
 import abc
 import contextlib
+from typing import ContextManager, List, Sequence
 
 import tensorflow as tf
 
@@ -41,26 +42,26 @@ class Communicator(abc.ABC):
         supports_point_to_point: True if `send` / `recv` are available.
     """
 
-    rank = 0
-    world_size = 1
-    engine = "abstract"
-    fuses_tensors = False
-    supports_point_to_point = False
+    rank: int = 0
+    world_size: int = 1
+    engine: str = "abstract"
+    fuses_tensors: bool = False
+    supports_point_to_point: bool = False
 
     # ---------------------------------------------------------- collectives
     @abc.abstractmethod
-    def all_reduce(self, tensor):
+    def all_reduce(self, tensor: tf.Tensor) -> tf.Tensor:
         """Element-wise sum of `tensor` over all ranks (every rank gets it)."""
 
-    def grouped_all_reduce(self, tensors):
+    def grouped_all_reduce(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """Element-wise sums of several tensors (one `all_reduce` each unless the engine groups)."""
         return [self.all_reduce(tensor) for tensor in tensors]
 
     @abc.abstractmethod
-    def all_gather(self, tensor):
+    def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:
         """Every rank's `tensor` concatenated along axis 0, in rank order (rows may differ)."""
 
-    def all_gather_equal(self, tensor):
+    def all_gather_equal(self, tensor: tf.Tensor) -> tf.Tensor:
         """Every rank's `tensor` stacked in rank order: shape [P] + its shape.
 
         The tensor must have the same fully known static shape on every rank
@@ -70,7 +71,7 @@ class Communicator(abc.ABC):
         tensor = checked_static_shape(tensor, "all_gather_equal")
         return self.all_gather(tensor[None])
 
-    def all_gather_strings(self, text, max_bytes=1024):
+    def all_gather_strings(self, text: str, max_bytes: int = 1024) -> List[str]:
         """Every rank's string `text` (UTF-8, at most `max_bytes`), in rank order (eager)."""
         data = text.encode()
         if len(data) > max_bytes:
@@ -80,15 +81,15 @@ class Communicator(abc.ABC):
                 for row in self.all_gather(codes).numpy()]
 
     @abc.abstractmethod
-    def broadcast(self, tensor, root=0):
+    def broadcast(self, tensor: tf.Tensor, root: int = 0) -> tf.Tensor:
         """Every rank gets `root`'s `tensor` (same shape and dtype on every rank)."""
 
-    def barrier(self):
+    def barrier(self) -> None:
         """Return once every rank has called `barrier` (eager)."""
         self.all_reduce(tf.zeros([1])).numpy()
 
     # ------------------------------------------------------- point to point
-    def reserve_instance_keys(self, count):
+    def reserve_instance_keys(self, count: int) -> int:
         """The first of `count` consecutive keys that pair a `send` with its `recv`.
 
         Every rank reserves the same blocks in the same order, also for
@@ -96,30 +97,31 @@ class Communicator(abc.ABC):
         """
         raise self._no_point_to_point()
 
-    def send(self, tensor, peer, instance_key):
+    def send(self, tensor: tf.Tensor, peer: int, instance_key: int) -> tf.Operation:
         """Send `tensor` to rank `peer`, which calls `recv` with the same key."""
         raise self._no_point_to_point()
 
-    def recv(self, shape, dtype, peer, instance_key):
+    def recv(self, shape: Sequence[int], dtype: tf.DType, peer: int,
+             instance_key: int) -> tf.Tensor:
         """The tensor rank `peer` sends with `instance_key`."""
         raise self._no_point_to_point()
 
-    def _no_point_to_point(self):
+    def _no_point_to_point(self) -> NotImplementedError:
         return NotImplementedError(
             f"the {self.engine} engine offers no point-to-point transfers; use TensorFlow's "
             "collectives (engine 'collective')."
         )
 
     # ------------------------------------------------------------ profiling
-    def start_engine_timeline(self, directory):
+    def start_engine_timeline(self, directory: str) -> None:
         """Start the engine's own timeline into `directory` if it keeps one (Horovod's)."""
         del directory
 
-    def stop_engine_timeline(self):
+    def stop_engine_timeline(self) -> None:
         """Stop what `start_engine_timeline` started."""
 
     # ------------------------------------------------------------- liveness
-    def expect_progress(self, description):
+    def expect_progress(self, description: str) -> ContextManager[None]:
         """Context manager bounding one call of a compiled function with collectives.
 
         Engines whose collectives time out by themselves need nothing here.
@@ -127,19 +129,19 @@ class Communicator(abc.ABC):
         del description
         return contextlib.nullcontext()
 
-    def gone_peers(self):
+    def gone_peers(self) -> List[int]:
         """Ranks whose process is gone now (to explain a failure); [] if unknown."""
         return []
 
-    def stop_watching(self):
+    def stop_watching(self) -> None:
         """Stop watching the peers: from now on, a peer that exits is no failure."""
 
-    def close(self):
+    def close(self) -> None:
         """Release what the communicator holds (at the end of the process)."""
         self.stop_watching()
 
 
-def checked_static_shape(tensor, collective):
+def checked_static_shape(tensor: tf.Tensor, collective: str) -> tf.Tensor:
     """`tensor` as a tensor, or a ValueError if its static shape is not fully known."""
     tensor = tf.convert_to_tensor(tensor)
     if not tensor.shape.is_fully_defined():

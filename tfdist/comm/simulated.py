@@ -41,6 +41,7 @@ reference, nothing is serialized. Not an engine for training.
 import collections
 import itertools
 import threading
+from typing import Any, Callable, List, Optional, Sequence, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -113,16 +114,18 @@ class SimulatedCommunicator(Communicator):
     engine = "simulated"
     supports_point_to_point = True
 
-    def __init__(self, rank, meeting):
+    def __init__(self, rank: int, meeting: _Meeting) -> None:
         self.rank = rank
         self.world_size = meeting.world_size
         self._meeting = meeting
         self._rounds = itertools.count()
         self._traced = TraceStableCounter()  # numbers of the collectives traced in functions
-        self._runs = collections.Counter()  # traced collective or transfer -> times it has run
+        self._runs: collections.Counter = collections.Counter()  # traced collective or transfer -> times it has run
         self._keys = TraceStableCounter()  # point-to-point keys (`reserve_instance_keys`)
 
-    def _collective(self, kind, tensor, combine, shape=None):
+    def _collective(self, kind: str, tensor: tf.Tensor,
+                    combine: Callable[[List[tf.Tensor]], tf.Tensor],
+                    shape: Optional[tf.TensorShape] = None) -> tf.Tensor:
         """`combine` of every rank's `tensor`; `shape`: the result's static shape if not the
         tensor's (inside a function)."""
         tensor = tf.convert_to_tensor(tensor)
@@ -140,23 +143,23 @@ class SimulatedCommunicator(Communicator):
         result.set_shape(tensor.shape if shape is None else shape)
         return result
 
-    def all_reduce(self, tensor):
+    def all_reduce(self, tensor: tf.Tensor) -> tf.Tensor:
         return self._collective("all_reduce", tensor, _sum_in_rank_order)
 
-    def all_gather(self, tensor):
+    def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:
         tensor = tf.convert_to_tensor(tensor)
         return self._collective("all_gather", tensor, lambda values: tf.concat(values, axis=0),
                                 shape=tf.TensorShape([None]).concatenate(tensor.shape[1:]))
 
-    def broadcast(self, tensor, root=0):
+    def broadcast(self, tensor: tf.Tensor, root: int = 0) -> tf.Tensor:
         if not 0 <= root < self.world_size:
             raise ValueError(f"root must be a rank 0..{self.world_size - 1}. Got: {root!r}")
         return self._collective(f"broadcast from {root}", tensor, lambda values: values[root])
 
-    def reserve_instance_keys(self, count):
+    def reserve_instance_keys(self, count: int) -> int:
         return self._keys.take(count)
 
-    def send(self, tensor, peer, instance_key):
+    def send(self, tensor: tf.Tensor, peer: int, instance_key: int) -> tf.Operation:
         tensor = tf.convert_to_tensor(tensor)
         if not tf.inside_function():
             self._meeting.post(self.rank, peer, (instance_key, "eager"), tensor)
@@ -171,7 +174,8 @@ class SimulatedCommunicator(Communicator):
 
         return tf.py_function(post, [tensor], tf.int32, name="simulated_send").op
 
-    def recv(self, shape, dtype, peer, instance_key):
+    def recv(self, shape: Sequence[int], dtype: tf.DType, peer: int,
+             instance_key: int) -> tf.Tensor:
         if not tf.inside_function():
             return self._checked(self._meeting.take(peer, self.rank, (instance_key, "eager")),
                                  shape, dtype, peer, instance_key)
@@ -220,7 +224,7 @@ def _sum_in_rank_order(values):
     return total
 
 
-def reserve_inter_op_threads(threads=INTER_OP_THREADS):
+def reserve_inter_op_threads(threads: int = INTER_OP_THREADS) -> None:
     """Give TensorFlow's inter-op pool `threads` threads, before TensorFlow starts.
 
     A compiled step's simulated collective holds one inter-op thread while
@@ -240,7 +244,11 @@ def reserve_inter_op_threads(threads=INTER_OP_THREADS):
                 "TensorFlow op runs") from None
 
 
-def simulate(world_size, fn, timeout=DEFAULT_TIMEOUT_SECONDS):
+Result = TypeVar("Result")
+
+
+def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
+             timeout: float = DEFAULT_TIMEOUT_SECONDS) -> List[Result]:
     """`[fn(communicator) for each rank]`, the ranks running concurrently in threads.
 
     Raises the first rank's exception (chained, named by rank) if any rank raises.
@@ -248,7 +256,7 @@ def simulate(world_size, fn, timeout=DEFAULT_TIMEOUT_SECONDS):
     if int(world_size) < 1:
         raise ValueError(f"world_size must be >= 1. Got: {world_size!r}")
     meeting = _Meeting(int(world_size), float(timeout))
-    results = [None] * meeting.world_size
+    results: List[Any] = [None] * meeting.world_size
 
     def run(rank):
         try:
@@ -273,6 +281,6 @@ def simulate(world_size, fn, timeout=DEFAULT_TIMEOUT_SECONDS):
     return results
 
 
-def as_numpy(results):
+def as_numpy(results: Sequence[Any]) -> List[Any]:
     """Each rank's result (a tensor or a list of tensors) as numpy arrays."""
     return [tf.nest.map_structure(lambda t: np.asarray(t), result) for result in results]

@@ -7,6 +7,10 @@ a broadcast from rank 0 is the tensor. Nothing is sent and nothing waits, so
 there is nothing to watch. Cost: zero (no ops are added).
 """
 
+from typing import List, Sequence
+
+import tensorflow as tf
+
 from tfdist.comm.base import Communicator
 
 
@@ -15,19 +19,19 @@ class SingleProcessCommunicator(Communicator):
 
     engine = "single-process"
 
-    def all_reduce(self, tensor):
+    def all_reduce(self, tensor: tf.Tensor) -> tf.Tensor:
         return tensor
 
-    def grouped_all_reduce(self, tensors):
+    def grouped_all_reduce(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         return list(tensors)
 
-    def all_gather(self, tensor):
+    def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:
         return tensor
 
-    def broadcast(self, tensor, root=0):
+    def broadcast(self, tensor: tf.Tensor, root: int = 0) -> tf.Tensor:
         if root != 0:
             raise ValueError(f"a single process has only rank 0 to broadcast from. Got: {root!r}")
         return tensor
 
-    def barrier(self):
+    def barrier(self) -> None:
         pass

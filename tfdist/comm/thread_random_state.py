@@ -21,6 +21,7 @@ from one shared sequence. Cost: one thread-local lookup per draw.
 import contextlib
 import random
 import threading
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import numpy as np
 
@@ -34,11 +35,11 @@ _NUMPY_FUNCTIONS = tuple(sorted(
 
 _lock = threading.Lock()
 _depth = [0]
-_saved = {}
+_saved: Dict[Tuple[str, str], Callable[..., Any]] = {}
 _local = threading.local()
 
 
-def _thread_python_random():
+def _thread_python_random() -> random.Random:
     generator = getattr(_local, "python", None)
     if generator is None:
         if threading.current_thread() is threading.main_thread():
@@ -48,7 +49,7 @@ def _thread_python_random():
     return generator
 
 
-def _thread_numpy_random():
+def _thread_numpy_random() -> np.random.RandomState:
     generator = getattr(_local, "numpy", None)
     if generator is None:
         if threading.current_thread() is threading.main_thread():
@@ -58,22 +59,22 @@ def _thread_numpy_random():
     return generator
 
 
-def _python_proxy(name):
-    def proxy(*args, **kwargs):
+def _python_proxy(name: str) -> Callable[..., Any]:
+    def proxy(*args: Any, **kwargs: Any) -> Any:
         return getattr(_thread_python_random(), name)(*args, **kwargs)
     proxy.__name__ = name
     return proxy
 
 
-def _numpy_proxy(name):
-    def proxy(*args, **kwargs):
+def _numpy_proxy(name: str) -> Callable[..., Any]:
+    def proxy(*args: Any, **kwargs: Any) -> Any:
         return getattr(_thread_numpy_random(), name)(*args, **kwargs)
     proxy.__name__ = name
     return proxy
 
 
 @contextlib.contextmanager
-def per_thread():
+def per_thread() -> Iterator[None]:
     """Within the block, every thread draws from its own Python and NumPy global generator.
 
     Re-entrant; the module functions are restored when the outermost block ends.

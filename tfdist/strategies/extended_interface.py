@@ -10,7 +10,12 @@ server) provide every member. A new use starts with a line here.
 """
 
 import contextlib
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from tfdist.aggregation.base import Aggregator
+    from tfdist.comm.base import Communicator
+    from tfdist.profiling.counters import CommunicationCounters
 
 
 @runtime_checkable
@@ -24,15 +29,15 @@ class StrategyExtended(Protocol):
     remote_updates: Optional[Any]
     """The asynchronous parameter-server client of the workers, or None (synchronous)."""
 
-    communication_counters: Any
+    communication_counters: "CommunicationCounters"
     """`tfdist.profiling.counters.CommunicationCounters` of this process's steps."""
 
     @property
-    def communicator(self) -> Any:
+    def communicator(self) -> "Communicator":
         """This process's `tfdist.comm.base.Communicator` (an identity for one process)."""
 
     @property
-    def aggregator(self) -> Any:
+    def aggregator(self) -> "Aggregator":
         """The gradient-aggregation hook (`tfdist.aggregation.base.Aggregator`)."""
 
     @property
