@@ -5,7 +5,9 @@ bytes, then 2 KiB), every step sums its gradients, metric state and row
 count in several collectives, issued last layer first; the training
 (weights, history, evaluate, predict) must still be the single-process one,
 on both ring backends and on the tree, with a slice count that does not
-divide the batch (3 processes).
+divide the batch (3 processes). `make test` runs the TF-collectives ring
+and the tree with these buckets in other launches (test_equivalence's
+3 processes, test_tree's), `make test-all` here too.
 """
 
 import re
@@ -27,9 +29,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", [
-    "ring_collective",
+    pytest.param("ring_collective", marks=pytest.mark.slow),  # make test: test_equivalence
     pytest.param("ring_horovod", marks=pytest.mark.horovod),
-    "tree",
+    pytest.param("tree", marks=pytest.mark.slow),  # make test: test_tree
 ])
 def test_small_buckets_train_like_one_process(one_process_run, tmp_path, case):
     world, options, launcher = CASES[case]

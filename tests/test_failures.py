@@ -64,46 +64,6 @@ def test_different_models_on_different_ranks_is_a_clear_error():
     assert "every rank must build the same model" in result.stdout, result.stdout[-3000:]
 
 
-@pytest.fixture(scope="module")
-def refusals():
-    """One job that feeds every rank-disagreeing input in turn (each refused alike on every
-    rank, so the job goes on): rank 0's output."""
-    result = tfdist_run(2, [script("failure_modes.py"), "refusals"], timeout=300, run_timeout=60)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert result.stdout.count("finished") == 2, result.stdout[-3000:]
-    return "\n".join(line[4:] for line in result.stdout.splitlines() if line.startswith("[0] "))
-
-
-def refusal(output, case):
-    lines = [line for line in output.splitlines() if line.startswith(f"refused {case}:")]
-    assert len(lines) == 1, output[-3000:]
-    return lines[0]
-
-
-def test_ranks_given_different_data_is_a_clear_error(refusals):
-    assert "batches per epoch by rank: [20, 18]" in refusal(refusals, "uneven")
-
-
-def test_ranks_each_passing_their_own_shard_is_a_clear_error(refusals):
-    """Same number of batches, other rows: caught by the data fingerprint, not trained on 1/P."""
-    message = refusal(refusals, "own_shard")
-    assert "the ranks were given different data (rows by rank: [240, 240]" in message
-    assert "distribute_datasets_from_function" in message
-
-
-def test_ranks_passing_different_batch_sizes_is_a_clear_error(refusals):
-    """24 and 26 rows per global batch both make 20 batches of 480 rows: not trained silently."""
-    assert "passed different 'batch_size' (by rank: ['24', '26'])" in refusal(refusals,
-                                                                              "batch_size")
-
-
-def test_integer_layer_state_that_diverges_is_a_clear_error(refusals):
-    """A row counter declared without aggregation would hold each rank's own count."""
-    message = refusal(refusals, "counter")
-    assert "int32 variable" in message and "rows_seen" in message, message
-    assert "declares no aggregation" in message and "add_weight(..., aggregation=" in message
-
-
 def test_rank_alive_but_out_of_step_fails_within_the_timeout():
     result = tfdist_run(2, [script("failure_modes.py"), "stall"], timeout=90, run_timeout=10)
     assert result.returncode != 0

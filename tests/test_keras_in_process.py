@@ -19,7 +19,8 @@ run in `make test-all`; `make test` runs them as processes
 the real engines: cases drawing from TensorFlow's process-wide random state
 (an unseeded `Dataset.shuffle`, a `PyDataset` shuffled by `random`), the
 float16 case compared with P slices, and the parameter server (its servers
-are processes).
+are processes). Inputs the ranks disagree on (data, shards, batch sizes,
+integer layer state) are refused here too, alike on every rank.
 """
 
 import itertools
@@ -33,6 +34,7 @@ from helpers import assert_ranks_match_reference, max_abs_difference
 from tiers import KERAS_PATTERNS_PROCESSES_ONLY, REAL_WORLD_IN_PROCESS, REAL_WORLD_PROCESSES_ONLY
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import failure_modes  # noqa: E402  pylint: disable=wrong-import-position
 import keras_patterns  # noqa: E402  pylint: disable=wrong-import-position
 import real_world  # noqa: E402  pylint: disable=wrong-import-position
 import train_equivalence  # noqa: E402  pylint: disable=wrong-import-position
@@ -117,3 +119,49 @@ def test_deeper_trees_train_like_one_process(world):
         assert difference <= 1e-4, f"fanout {fanout}: {world} ranks differ from one by {difference}"
         for rank in range(1, world):
             assert max_abs_difference(ranks[0], ranks[rank]) == 0.0
+
+
+# --------------------------------- inputs the ranks disagree on: refused alike on every rank
+@pytest.fixture(scope="module")
+def refusals():
+    """Every rank-disagreeing input in turn, at 2 simulated ranks (each refused alike on every
+    rank, so the job goes on; test_failures.py has the failures that end processes): rank 0's
+    lines."""
+    def run(rank):
+        lines = []
+        failure_modes.refusals(make_strategy("ring"), lines.append)
+        return lines
+
+    ranks = simulate_processes(2, run)
+    assert all(lines[-1] == "finished" for lines in ranks), ranks
+    return "\n".join(ranks[0])
+
+
+def refusal(output, case):
+    lines = [line for line in output.splitlines() if line.startswith(f"refused {case}:")]
+    assert len(lines) == 1, output[-3000:]
+    return lines[0]
+
+
+def test_ranks_given_different_data_is_a_clear_error(refusals):
+    assert "batches per epoch by rank: [20, 18]" in refusal(refusals, "uneven")
+
+
+def test_ranks_each_passing_their_own_shard_is_a_clear_error(refusals):
+    """Same number of batches, other rows: caught by the data fingerprint, not trained on 1/P."""
+    message = refusal(refusals, "own_shard")
+    assert "the ranks were given different data (rows by rank: [240, 240]" in message
+    assert "distribute_datasets_from_function" in message
+
+
+def test_ranks_passing_different_batch_sizes_is_a_clear_error(refusals):
+    """24 and 26 rows per global batch both make 20 batches of 480 rows: not trained silently."""
+    assert "passed different 'batch_size' (by rank: ['24', '26'])" in refusal(refusals,
+                                                                              "batch_size")
+
+
+def test_integer_layer_state_that_diverges_is_a_clear_error(refusals):
+    """A row counter declared without aggregation would hold each rank's own count."""
+    message = refusal(refusals, "counter")
+    assert "int32 variable" in message and "rows_seen" in message, message
+    assert "declares no aggregation" in message and "add_weight(..., aggregation=" in message

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, run_case_script,
-                     script, tfdist_run)
+from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, onednn,
+                     run_case_script, script, tfdist_run)
 from tiers import KERAS_PATTERNS_PROCESSES_ONLY
 
 # Float summation order differs between 1 and N processes; losses of the
@@ -42,9 +42,9 @@ def reference(tmp_path_factory):
     return load_ranks(prefix, 1)[0]
 
 
-def run(tmp_path, world, strategy_args, cases=None, launcher=None):
+def run(tmp_path, world, strategy_args, cases=None, launcher=None, extra_env=None):
     return run_case_script("keras_patterns.py", str(tmp_path / f"np{world}"), world,
-                           strategy_args, cases, launcher)
+                           strategy_args, cases, launcher, extra_env)
 
 
 def tolerance(key):
@@ -76,11 +76,12 @@ def test_ring_collective_three_processes(reference, tmp_path):
     assert ranks[0]["custom_low_level/epochs_run"] == 3
 
 
-def test_parameter_server_two_processes(reference, tmp_path):
+def test_parameter_server_two_processes_without_onednn(reference, tmp_path):
     """The subset, and the cases only processes can run (`tiers.py`: PyDataset shuffles
-    with Python's `random`, per-rank BatchNorm statistics)."""
+    with Python's `random`, per-rank BatchNorm statistics), with TensorFlow's oneDNN kernels
+    forced off (`helpers.onednn`; real_world's ring forces them on)."""
     cases = SUBSET.split(",") + list(KERAS_PATTERNS_PROCESSES_ONLY)
-    ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=",".join(cases))
+    ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=",".join(cases), extra_env=onednn("0"))
     assert len(assert_matches_one_process(reference, ranks)) == len(cases)
 
 

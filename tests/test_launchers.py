@@ -56,7 +56,7 @@ def test_mpirun_swaps_addresses_through_mpi_for_tf_collectives(reference, tmp_pa
 
 
 @pytest.mark.horovod  # the address store is Horovod's
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_srun_matches_one_process(reference, tmp_path, world):
     require_launcher("srun")
     output, ranks = train("srun", world, str(tmp_path / "run"))

@@ -118,6 +118,7 @@ def test_reduction_tree_two_processes_with_onednn(references, tmp_path):
     assert_matches_plain_script(references(2), ranks)
 
 
+@pytest.mark.slow  # make test: keras_patterns' parameter server, oneDNN forced off
 def test_parameter_server_two_processes_without_onednn(references, tmp_path):
     ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=FAST_SUBSET, extra_env=onednn("0"))
     assert_matches_plain_script(references(2), ranks)

@@ -10,10 +10,13 @@ P=5 has depth 2 for both (fanout 2: 0-{1,2}, 1-{3,4}; fanout 3: 0-{1,2,3},
 """
 
 
+import re
+
 import numpy as np
 import pytest
 
 from helpers import failure_report, max_abs_difference, script, tf_config_job, tfdist_run
+from test_buckets import BUCKETS
 
 TOLERANCE = 1e-4
 FANOUTS = (2, 3)
@@ -22,11 +25,14 @@ TRAINING = ["--batch", "60", "--rows", "360", "--configs", ",".join(CONFIGS)]
 
 
 def train_tree(tmp_path, world):
+    """Every rank's arrays; in buckets far smaller than the gradients (test_buckets.py)."""
     prefix = str(tmp_path / f"tree{world}")
     done = tfdist_run(world, [script("train_equivalence.py"), prefix, "--strategy", "tree",
-                              "--fanouts", ",".join(map(str, FANOUTS))] + TRAINING,
-                      timeout=900, run_timeout=300)
+                              "--fanouts", ",".join(map(str, FANOUTS))] + TRAINING
+                      + list(BUCKETS), timeout=900, run_timeout=300)
     assert done.returncode == 0, failure_report(done)
+    buckets = [int(n) for n in re.findall(r"gradient buckets per step: (\d+)", done.stdout)]
+    assert buckets and min(buckets) >= 3, done.stdout[-2000:]
     return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
 
 

@@ -1,9 +1,14 @@
 """Which cases of the case scripts each test tier runs, so that every case runs in `make test`.
 
 The in-process Keras tier (test_keras_in_process.py, `make test-fast`)
-runs the cases that take seconds as simulated ranks; the multi-process
-suites (test_real_world.py, test_keras_patterns.py) run the rest on the
-real engines, and everything again in `make test-all`.
+runs the cases that take seconds as simulated ranks (and the inputs the
+ranks must refuse alike, failure_modes.refusals); the multi-process suites
+(test_real_world.py, test_keras_patterns.py) run the rest on the real
+engines, and everything again in `make test-all`. Launches that differed
+only in a flag share one where the world size is the same: the small
+gradient buckets of test_buckets.py run in test_equivalence's 3 processes
+(TF collectives) and test_tree's 3 (the tree); `backend="auto"` under
+horovodrun is the Horovod job of 2 processes.
 """
 
 # real_world.py cases the in-process tier runs in make test-fast (a few seconds each).

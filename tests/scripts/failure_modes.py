@@ -75,8 +75,10 @@ class RowCounter(keras.layers.Layer):
         return inputs
 
 
-def refusals(strategy):
-    """Every case must fail alike on every rank (so the job goes on to the next)."""
+def refusals(strategy, say=None):
+    """Every case must fail alike on every rank (so the job goes on to the next). `say`:
+    where each line goes (default: printed; simulated ranks collect their own)."""
+    say = say or (lambda line: print(line, flush=True))
     for case in ("uneven", "own_shard", "batch_size", "counter"):
         rng = np.random.default_rng(0)  # the same rows on every rank, case after case
         with strategy.scope():
@@ -96,10 +98,10 @@ def refusals(strategy):
         except (ValueError, tf.errors.InvalidArgumentError) as error:
             message = " ".join(str(error).split())
             message = message[max(0, message.find("assertion failed")):]  # past the traceback
-            print(f"refused {case}: {message[:600]}", flush=True)
+            say(f"refused {case}: {message[:600]}")
         else:
-            print(f"accepted {case}", flush=True)
-    print("finished", flush=True)
+            say(f"accepted {case}")
+    say("finished")
 
 
 def main():
