@@ -38,6 +38,7 @@ ALL_CASES = ("seeded_before_strategy", "reshuffled_dataset", "guide_custom_loop"
              "transformer_classifier", "loss_reductions", "fit_per_rank_pipeline", "added_losses",
              "multi_input_predict", "slices_that_retrace_on_some_ranks", "metric_dtypes",
              "checkpoint_reload", "transfer_learning", "mixed_float16_regression")
+PROCESS_CASES = tuple(name for name in ALL_CASES if name not in REAL_WORLD_IN_PROCESS)
 SLICED_REFERENCE = "mixed_float16_regression"  # compared with `--slices P`, not the plain run
 # What differs between aggregators: static shapes, sparse and integer sums, custom loops.
 FAST_SUBSET = ("guide_custom_loop,layers_on_empty_slices,sync_batchnorm,layer_state_aggregations,"
@@ -54,17 +55,24 @@ def plain_run(prefix, *options):
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """`get(world)`: the plain run, with the float16 case's sliced run for `world` (cached)."""
+    """`get(world, every_case=False)`: the plain run of the cases processes run in make test
+    (`PROCESS_CASES`; every case with `every_case`), with the float16 case's sliced run for
+    `world`; each run once."""
     directory = tmp_path_factory.mktemp("real_world")
-    plain = plain_run(str(directory / "plain"))
-    cache = {1: plain}
+    plain, sliced = {}, {}
 
-    def get(world):
-        if world not in cache:
-            sliced = plain_run(str(directory / f"sliced{world}"), "--slices", str(world),
-                               "--cases", SLICED_REFERENCE)
-            cache[world] = {**plain, **sliced}
-        return cache[world]
+    def get(world, every_case=False):
+        if every_case not in plain:
+            cases = ALL_CASES if every_case else PROCESS_CASES
+            plain[every_case] = plain_run(str(directory / f"plain{len(cases)}"),
+                                          "--cases", ",".join(cases))
+        reference = dict(plain[every_case])
+        if world > 1:
+            if world not in sliced:
+                sliced[world] = plain_run(str(directory / f"sliced{world}"), "--slices",
+                                          str(world), "--cases", SLICED_REFERENCE)
+            reference.update(sliced[world])
+        return reference
 
     return get
 
@@ -80,16 +88,22 @@ def assert_matches_plain_script(reference, ranks):
                                         "the plain script")
 
 
-def test_plain_reference_trains_every_case(references):
+def test_plain_reference_trains_the_cases_processes_run(references):
     reference = references(1)
-    cases = {key.split("/")[0] for key in reference}
-    assert cases == set(ALL_CASES) and len(cases) == 22
-    history = reference["guide_custom_loop/h_loss"]
-    assert history[-1] < history[0]
+    assert {key.split("/")[0] for key in reference} == set(PROCESS_CASES)
     assert reference["sequence_tagger/h_loss"][-1] < reference["sequence_tagger/h_loss"][0]
     # Loaded right after fit: the best epoch's weights, which training then changes.
     assert not np.allclose(reference["checkpoint_reload/loaded_w0"],
                            reference["checkpoint_reload/w0"])
+
+
+@pytest.mark.slow
+def test_plain_reference_trains_every_case(references):
+    reference = references(1, every_case=True)
+    cases = {key.split("/")[0] for key in reference}
+    assert cases == set(ALL_CASES) and len(cases) == 22
+    history = reference["guide_custom_loop/h_loss"]
+    assert history[-1] < history[0]
     assert reference["multi_worker_custom_loop/local_results"] == 1
 
 
@@ -105,48 +119,48 @@ def test_ring_collective_three_processes_with_onednn(references, tmp_path):
     the in-process tier does not run in make test (`tiers.py`; make test-all: all 22), with
     oneDNN's kernels forced on (`helpers.onednn`): its max pool gradient aborts and its
     convolutions misshape on zero rows, which empty slices must never reach."""
-    cases = [name for name in ALL_CASES if name not in REAL_WORLD_IN_PROCESS]
     ranks = run(tmp_path, 3, ["--strategy", "ring", "--backend", "collective"],
-                cases=",".join(cases), extra_env=onednn("1"))
-    assert len(assert_matches_plain_script(references(3), ranks)) == len(cases)
+                cases=",".join(PROCESS_CASES), extra_env=onednn("1"))
+    assert len(assert_matches_plain_script(references(3), ranks)) == len(PROCESS_CASES)
 
 
 @pytest.mark.slow  # make test: the in-process tier runs these cases on trees of 2-5 ranks
 def test_reduction_tree_two_processes_with_onednn(references, tmp_path):
     """oneDNN's kernels forced on, the fast subset on the reduction tree's transfers."""
     ranks = run(tmp_path, 2, ["--strategy", "tree"], cases=FAST_SUBSET, extra_env=onednn("1"))
-    assert_matches_plain_script(references(2), ranks)
+    assert_matches_plain_script(references(2, every_case=True), ranks)
 
 
 @pytest.mark.slow  # make test: keras_patterns' parameter server, oneDNN forced off
 def test_parameter_server_two_processes_without_onednn(references, tmp_path):
     ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=FAST_SUBSET, extra_env=onednn("0"))
-    assert_matches_plain_script(references(2), ranks)
+    assert_matches_plain_script(references(2, every_case=True), ranks)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_ring_collective(references, tmp_path, world):
-    assert_matches_plain_script(references(world),
+    assert_matches_plain_script(references(world, every_case=True),
                                 run(tmp_path, world, ["--backend", "collective"]))
 
 
 @pytest.mark.slow
 def test_reduction_tree_three_processes(references, tmp_path):
-    assert_matches_plain_script(references(3), run(tmp_path, 3, ["--strategy", "tree"]))
+    assert_matches_plain_script(references(3, every_case=True),
+                                run(tmp_path, 3, ["--strategy", "tree"]))
 
 
 @pytest.mark.slow
 def test_parameter_server_three_workers_two_servers(references, tmp_path):
     ranks = run(tmp_path, 3, ["--strategy", "ps"], launcher=lambda world, args, **kw: tfdist_run(
         world, args, launcher=["--num-servers", "2"], **kw))
-    assert_matches_plain_script(references(3), ranks)
+    assert_matches_plain_script(references(3, every_case=True), ranks)
 
 
 @pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.parametrize("world", [2, 3])
 def test_horovod(references, tmp_path, world):
-    assert_matches_plain_script(references(world),
+    assert_matches_plain_script(references(world, every_case=True),
                                 run(tmp_path, world, ["--backend", "horovod"],
                                     launcher=horovodrun))

@@ -4,7 +4,9 @@ Every synchronous strategy: a SIGKILL of one worker mid-epoch fails the whole
 job with a message naming the dead rank, leaves no process behind, and the
 same command run again resumes from `BackupAndRestore`'s last backup and
 finishes with the weights of an uninterrupted run - also when only the chief
-can see the backup (no shared filesystem).
+can see the backup (no shared filesystem). The uninterrupted run is one
+process, launched once for every configuration: any number of processes
+trains as one does (test_equivalence), so it is each configuration's too.
 """
 
 import os
@@ -61,15 +63,21 @@ def load(prefix, world):
     return [dict(np.load(f"{prefix}.rank{rank}.npz")) for rank in range(world)]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The job run to completion by one process, never stopped: rank 0's arrays."""
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    prefix = str(directory / "run")
+    done = run_to_completion("tfdist-run", 1, [script("resume_job.py"), prefix,
+                                               str(directory / "backup")], None)
+    assert done.returncode == 0, failure_report(done)
+    return load(prefix, 1)[0]
+
+
 @pytest.mark.parametrize("name", case_parameters(
     CONFIGURATIONS, FAST, lambda name: CONFIGURATIONS[name][0] == "horovodrun"))
-def test_killed_job_rerun_resumes_like_an_uninterrupted_run(tmp_path, name):
+def test_killed_job_rerun_resumes_like_an_uninterrupted_run(tmp_path, name, uninterrupted):
     kind, world, strategy_args, launcher = CONFIGURATIONS[name]
-    uninterrupted = str(tmp_path / "uninterrupted")
-    done = run_to_completion(kind, world, [script("resume_job.py"), uninterrupted,
-                                           str(tmp_path / "backup_u")] + strategy_args, launcher)
-    assert done.returncode == 0, failure_report(done)
-
     resumed = str(tmp_path / "resumed")
     command = [script("resume_job.py"), resumed, str(tmp_path / "backup")] + strategy_args
     code, output = kill_rank_mid_epoch(kind, world, command, launcher, victim=1)
@@ -79,7 +87,7 @@ def test_killed_job_rerun_resumes_like_an_uninterrupted_run(tmp_path, name):
 
     done = run_to_completion(kind, world, command, launcher)  # the same command again
     assert done.returncode == 0, failure_report(done)
-    expected = load(uninterrupted, world)[0]
+    expected = uninterrupted
     for rank, result in enumerate(load(resumed, world)):
         # Resumed after the last complete epoch before the kill.
         assert int(result["epochs_run"]) == EPOCHS - KILLED_IN_EPOCH, (rank, result["epochs_run"])
