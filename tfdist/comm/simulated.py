@@ -135,8 +135,7 @@ class SimulatedCommunicator(Communicator):
         traced = self._traced.take()
 
         def run(value):
-            number = ("traced", traced, self._runs[traced])
-            self._runs[traced] += 1
+            number = ("traced", traced, self._next_run(traced))
             return self._meeting.collective(self.rank, number, kind, value, combine)
 
         result = tf.py_function(run, [tensor], tensor.dtype, name=f"simulated_{kind.split()[0]}")
@@ -167,9 +166,7 @@ class SimulatedCommunicator(Communicator):
         transfer = (self.rank, peer, instance_key)
 
         def post(value):
-            number = self._runs[transfer]
-            self._runs[transfer] += 1
-            self._meeting.post(self.rank, peer, (instance_key, number), value)
+            self._meeting.post(self.rank, peer, (instance_key, self._next_run(transfer)), value)
             return tf.constant(0)
 
         return tf.py_function(post, [tensor], tf.int32, name="simulated_send").op
@@ -182,14 +179,19 @@ class SimulatedCommunicator(Communicator):
         transfer = (peer, self.rank, instance_key)
 
         def take():
-            number = self._runs[transfer]
-            self._runs[transfer] += 1
+            number = self._next_run(transfer)
             return self._checked(self._meeting.take(peer, self.rank, (instance_key, number)),
                                  shape, dtype, peer, instance_key)
 
         result = tf.py_function(take, [], dtype, name="simulated_recv")
         result.set_shape(shape)
         return result
+
+    def _next_run(self, traced):
+        """How many times the traced collective or transfer `traced` ran before this run."""
+        number = self._runs[traced]
+        self._runs[traced] += 1
+        return number
 
     def _checked(self, tensor, shape, dtype, peer, instance_key):
         if tensor.dtype != dtype or not tf.TensorShape(shape).is_compatible_with(tensor.shape):

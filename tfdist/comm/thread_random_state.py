@@ -39,36 +39,28 @@ _saved: Dict[Tuple[str, str], Callable[..., Any]] = {}
 _local = threading.local()
 
 
-def _thread_python_random() -> random.Random:
-    generator = getattr(_local, "python", None)
+def _thread_generator(module: str) -> Any:
+    """This thread's global generator of `module` ("random" or "numpy"): the process's in
+    the main thread, else the thread's own, first a copy of the process's."""
+    process: Any = (random._inst if module == "random"  # pylint: disable=protected-access
+                    else np.random.mtrand._rand)
+    if threading.current_thread() is threading.main_thread():
+        return process
+    generator: Any = getattr(_local, module, None)
     if generator is None:
-        if threading.current_thread() is threading.main_thread():
-            return random._inst  # pylint: disable=protected-access
-        generator = _local.python = random.Random()
-        generator.setstate(random._inst.getstate())  # pylint: disable=protected-access
+        if module == "random":
+            generator = random.Random()
+            generator.setstate(process.getstate())
+        else:
+            generator = np.random.RandomState()
+            generator.set_state(process.get_state())
+        setattr(_local, module, generator)
     return generator
 
 
-def _thread_numpy_random() -> np.random.RandomState:
-    generator = getattr(_local, "numpy", None)
-    if generator is None:
-        if threading.current_thread() is threading.main_thread():
-            return np.random.mtrand._rand
-        generator = _local.numpy = np.random.RandomState()
-        generator.set_state(np.random.mtrand._rand.get_state())
-    return generator
-
-
-def _python_proxy(name: str) -> Callable[..., Any]:
+def _proxy(module: str, name: str) -> Callable[..., Any]:
     def proxy(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_thread_python_random(), name)(*args, **kwargs)
-    proxy.__name__ = name
-    return proxy
-
-
-def _numpy_proxy(name: str) -> Callable[..., Any]:
-    def proxy(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_thread_numpy_random(), name)(*args, **kwargs)
+        return getattr(_thread_generator(module), name)(*args, **kwargs)
     proxy.__name__ = name
     return proxy
 
@@ -83,11 +75,11 @@ def per_thread() -> Iterator[None]:
         if _depth[0] == 0:
             for name in _PYTHON_FUNCTIONS:
                 _saved[("random", name)] = getattr(random, name)
-                setattr(random, name, _python_proxy(name))
+                setattr(random, name, _proxy("random", name))
             for name in _NUMPY_FUNCTIONS:
                 if hasattr(np.random, name):
                     _saved[("numpy", name)] = getattr(np.random, name)
-                    setattr(np.random, name, _numpy_proxy(name))
+                    setattr(np.random, name, _proxy("numpy", name))
         _depth[0] += 1
     try:
         yield
