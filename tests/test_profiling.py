@@ -5,6 +5,8 @@ The worker script (tests/scripts/profiled_training.py) is a keras.io-style
 text classifier whose only profiling code is `keras.callbacks.TensorBoard(
 log_dir, update_freq=4, profile_batch=(3, 5))` and `CommunicationMonitor()`.
 Set TFDIST_SCREENSHOT_TO=path to keep the browser test's screenshot (the README's).
+(Counting on the hard path - empty slices, a custom step, clipping - runs as simulated
+ranks: test_profiling_in_process.py.)
 """
 
 import json
@@ -124,21 +126,6 @@ def test_ring_writes_tfdist_scalars_into_the_tensorboard_run_and_profiles_every_
     check_equivalent(ranks, one_process)
     check_scalars(log_dir, COMMON_TAGS, ranks)
     check_profiles(log_dir, "ring")
-
-
-def test_counting_changes_no_training_with_3_processes_empty_slices_custom_step_and_clipping(
-        tmp_path_factory):
-    """The counted step on the hard path: 290 training rows in global batches of 32 leave
-    the last batch 2 rows (one rank's slice is empty), a keras.io-style train_step, clipnorm."""
-    options = ["--rows", "386", "--custom-step", "--clipnorm", "0.05"]
-    single = run_job(tmp_path_factory.mktemp("hard1"), "ring", np_=1, options=options)[0][0]
-    ranks, log_dir, _ = run_job(tmp_path_factory.mktemp("hard3"), "ring", np_=3,
-                                profile_batch="0", options=options)
-    check_equivalent(ranks, single)
-    written = scalars(os.path.join(log_dir, "train"))
-    assert {f"tfdist/{t}" for t in COMMON_TAGS} <= set(written), sorted(written)
-    assert all(value in (0, 1, 2) for _, value in written["tfdist/slowest_rank"])
-    assert all(value > 0 for _, value in written["tfdist/comm_ms"])
 
 
 def test_parameter_server_reports_its_load_per_server(tmp_path, one_process):

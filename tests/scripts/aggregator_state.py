@@ -1,6 +1,7 @@
 """Worker script: a compressor's state is built with the optimizer, from rank 0, and saved with it.
 
-Usage: python aggregator_state.py OUT_DIR train|load|load_weights   (under `tfdist-run -np P`)
+Usage: python aggregator_state.py OUT_DIR train|load|load_weights   (under `tfdist-run -np P`),
+or `run(OUT_DIR, MODE)` on each simulated rank (test_checkpoints_in_process.py).
 
 `ScaledFP16` sends each gradient as float16 after dividing it by a scale
 per variable, the largest magnitude of that variable's previous global
@@ -57,9 +58,8 @@ class ScaledFP16(Compressor):
             return [tf.identity(total) for total in summed]
 
 
-def main():
-    out, mode = sys.argv[1], sys.argv[2]
-    rank = int(os.environ.get("TFDIST_RANK", "0"))
+def run(out, mode):
+    rank = tfdist.runtime.cluster().rank
     compressor = ScaledFP16(rank)
     strategy = tfdist.strategies.RingAllReduceStrategy(compression=compressor)
     checkpoint = os.path.join(out, "model.keras")
@@ -91,6 +91,10 @@ def main():
                  built=np.float32(compressor.built_values),
                  loaded=np.float32([s.numpy() for s in state]))
     print(f"rank {strategy.rank} aggregator state: {len(state)} variables", flush=True)
+
+
+def main():
+    run(sys.argv[1], sys.argv[2])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ gradients), pooling and two Dense layers, Adam. The callbacks are the ones a
 user writes - `keras.callbacks.TensorBoard(LOG_DIR, update_freq=N,
 profile_batch=(A, B))` and `tfdist.callbacks.CommunicationMonitor()` - and
 nothing else. Each rank writes OUT.rank<R>.json: its history and final weights.
+Simulated ranks (test_profiling_in_process.py) call `main(argv)`.
 --rows: the data set's size (the last global batch may leave a rank an empty
 slice); --custom-step: keras_patterns.py's keras.io-style `train_step`
 override (GradientTape, `compute_loss`, `optimizer.apply`, metrics);
@@ -49,7 +50,8 @@ def synthetic_reviews(rows, seed=0):
     return tokens, labels
 
 
-def main():
+def main(argv=None):
+    """Train as the command line (or `argv`: a simulated rank's arguments) says."""
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("log_dir")
@@ -60,7 +62,7 @@ def main():
     parser.add_argument("--rows", type=int, default=384)
     parser.add_argument("--custom-step", action="store_true")
     parser.add_argument("--clipnorm", type=float, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     keras.utils.set_random_seed(1)
     strategy = make_strategy(args.strategy, args.backend)

@@ -1,6 +1,7 @@
 """Worker script: each rank's compression residuals survive checkpoints and a resume.
 
-Usage: python residual_checkpoints.py OUT_DIR MODE   (under `tfdist-run -np P`)
+Usage: python residual_checkpoints.py OUT_DIR MODE   (under `tfdist-run -np P`), or
+`run(OUT_DIR, MODE)` on each simulated rank (test_checkpoints_in_process.py).
 
 MODE:
   straight     fit 3 epochs with TopK(0.05) (error feedback), a ModelCheckpoint
@@ -46,8 +47,7 @@ def build():
     return model
 
 
-def main():
-    out, mode = sys.argv[1], sys.argv[2]
+def run(out, mode):
     strategy = tfdist.strategies.RingAllReduceStrategy(
         compression=tfdist.compression.TopK(0.05))
     checkpoint = os.path.join(out, "model.keras")
@@ -81,6 +81,10 @@ def main():
              weights=np.concatenate([w.ravel() for w in model.get_weights()]),
              residuals=np.concatenate([r.numpy().ravel() for r in residuals]))
     print(f"rank {strategy.rank} {mode} done", flush=True)
+
+
+def main():
+    run(sys.argv[1], sys.argv[2])
 
 
 if __name__ == "__main__":
