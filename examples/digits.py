@@ -77,6 +77,9 @@ def main():
     parser.add_argument("--tensorboard", metavar="LOG_DIR", default=None,
                         help="add keras.callbacks.TensorBoard(LOG_DIR, update_freq=10): Keras' "
                              "scalars and tfdist's communication scalars (tfdist/...)")
+    parser.add_argument("--backup", metavar="DIR", default=None,
+                        help="add keras.callbacks.BackupAndRestore(DIR, save_freq=20): rerun "
+                             "(or restarted, or preempted), the run resumes at the next batch")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(0)
@@ -96,6 +99,8 @@ def main():
     start = time.time()
     callbacks = ([keras.callbacks.TensorBoard(args.tensorboard, update_freq=10)]
                  if args.tensorboard else [])
+    if args.backup:
+        callbacks.append(keras.callbacks.BackupAndRestore(args.backup, save_freq=20))
     history = model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
                         validation_data=(x_val, y_val), verbose=2, callbacks=callbacks)
     seconds = time.time() - start

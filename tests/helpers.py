@@ -51,8 +51,9 @@ def launch_command(kind, np_, script_args, run_timeout=120, launcher=None):
         return ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable] + script_args
     if kind == "srun":
         return ["srun", "-n", str(np_), sys.executable] + script_args
-    if kind == "ray":
-        return [sys.executable, script("ray_train_job.py"), str(np_)] + script_args
+    if kind == "ray":  # launcher: ray_train_job.py's options (--max-failures N)
+        return [sys.executable, script("ray_train_job.py")] + (launcher or []) + [
+            str(np_)] + script_args
     return [sys.executable, "-m", "tfdist.launch", "-np", str(np_), "--timeout",
             str(run_timeout)] + (launcher or []) + [sys.executable] + script_args
 

@@ -24,7 +24,7 @@ def run(tmp_path, workers, servers, *options):
 
 
 @pytest.mark.parametrize("workers,servers,staleness,straggler", [
-    (1, 0, "none", -1),  # one asynchronous worker is one process
+    pytest.param(1, 0, "none", -1, marks=pytest.mark.slow),  # one worker is one process
     (2, 0, "none", 1),   # Downpour, co-located servers, rank 1 slower
     (3, 2, "1", 1),      # SSP, dedicated servers
     (3, 1, "0", 2),      # lock-step

@@ -71,6 +71,32 @@ def test_failing_rank_stops_the_job_with_its_exit_code_and_name():
     assert "[1] failing on purpose" in result.stdout
 
 
+def _attempts(stdout):
+    """Rank 0's TFDIST_* environment in each run of the job, in order."""
+    return [json.loads(line.split(" ", 1)[1]) for line in stdout.splitlines()
+            if line.startswith("[0] {")]
+
+
+def test_a_failed_job_is_restarted_whole_on_new_ports_up_to_max_restarts():
+    result = tfdist_run(3, [script("launcher_probe.py"), "fail-until", "2"], timeout=300,
+                        launcher=["--max-restarts", "2"])
+    assert result.returncode == 0, result.stderr
+    attempts = _attempts(result.stdout)
+    assert [a["TFDIST_RESTART_COUNT"] for a in attempts] == ["0", "1", "2"]
+    addresses = [a["TFDIST_WORKER_ADDRESSES"] for a in attempts]
+    assert len(set(addresses)) == 3, addresses  # fresh ports for every run
+    for restart in (1, 2):
+        assert (f"rank 1 exited with code 7; restarting the job ({restart} of 2 restarts)"
+                in result.stderr), result.stderr
+
+    # Out of restarts: the job fails with the failure's code, after one restart.
+    result = tfdist_run(2, [script("launcher_probe.py"), "fail-until", "2"], timeout=300,
+                        launcher=["--max-restarts", "1"])
+    assert result.returncode == 7
+    assert len(_attempts(result.stdout)) == 2
+    assert result.stderr.count("restarting the job") == 1
+
+
 def test_no_orphans_after_failure(tmp_path):
     pidfile = tmp_path / "pids"
     # rank 0's children sleep; the job is killed by a failing rank's exit.

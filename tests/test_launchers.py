@@ -64,6 +64,7 @@ def test_srun_matches_one_process(reference, tmp_path, world):
     assert_matches(reference, ranks)
 
 
+@pytest.mark.slow  # make test runs Ray Train in test_resume.py (ray-restarted: killed, restarted)
 def test_ray_train_tensorflow_trainer_matches_one_process(reference, tmp_path):
     output, ranks = train("ray", 2, str(tmp_path / "run"))
     assert "launched by TF_CONFIG" in output

@@ -1,12 +1,20 @@
-"""A job killed mid-training and rerun with the same command resumes like it never stopped.
+"""A job killed or preempted mid-epoch resumes at the next batch, like it never stopped.
 
-Every synchronous strategy: a SIGKILL of one worker mid-epoch fails the whole
-job with a message naming the dead rank, leaves no process behind, and the
-same command run again resumes from `BackupAndRestore`'s last backup and
-finishes with the weights of an uninterrupted run - also when only the chief
-can see the backup (no shared filesystem). The uninterrupted run is one
-process, launched once for every configuration: any number of processes
-trains as one does (test_equivalence), so it is each configuration's too.
+The worker script (tests/scripts/resume_mid_epoch.py) is a shuffled fit
+under the user's unchanged `BackupAndRestore(dir, save_freq=5)`; rank 1 is
+SIGKILLed after optimizer step 23 (three steps after the last backup, in
+the second epoch). The job fails with a message naming the dead rank and
+leaves no process behind; then either `tfdist-run --max-restarts 1`
+restarts it by itself, or the same command is run again by hand (at the
+same or another number of processes). A SIGTERM to rank 1 instead (a
+preemption notice) makes every rank back up at the next step and exit with
+42; rerun at 2 processes, it resumes right there. Either way it ends with the weights
+(1e-4), the post-resume history and the early stop of the plain script run
+once, never stopped - also when only the chief can see the backup (no
+shared filesystem), when the input is a tf.data pipeline shuffled by
+TensorFlow's global seed, and under Ray Train, which restarts its workers
+itself (`FailureConfig(max_failures=1)`). test_resume_in_process.py has
+more cases as simulated ranks.
 """
 
 import os
@@ -17,21 +25,41 @@ import numpy as np
 import pytest
 
 from helpers import case_parameters, failure_report, horovodrun, script, start_job, tfdist_run
+from test_resume_in_process import STOP_AT_STEP, assert_resumed_like, resume_mid_epoch
+from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
 
 RUN_TIMEOUT = 60
-EPOCHS, KILLED_IN_EPOCH = 5, 2
 
 CONFIGURATIONS = {
-    # name: (launcher kind, processes, script arguments, launcher arguments)
-    "ring-collective": ("tfdist-run", 2, ["--strategy", "ring"], None),
-    "ps-dedicated": ("tfdist-run", 2, ["--strategy", "ps"], ["--num-servers", "1"]),
-    "tree": ("tfdist-run", 3, ["--strategy", "tree"], None),
-    "ring-horovod": ("horovodrun", 2, ["--strategy", "ring", "--backend", "horovod"], None),
-    # Only the chief's backup directory has files: it restores and the others follow it.
-    "no-shared-filesystem": ("tfdist-run", 3, ["--strategy", "ring", "--no-shared-filesystem"],
-                             None),
+    # name: (launcher kind, signal to rank 1, processes when signalled, processes when rerun
+    #        by hand (None: the launcher restarts it), input, script arguments, launcher
+    #        arguments)
+    "ring-restarted": ("tfdist-run", signal.SIGKILL, 3, None, "numpy", ["--strategy", "ring"],
+                       ["--max-restarts", "1"]),
+    "ps-dedicated": ("tfdist-run", signal.SIGKILL, 2, 2, "numpy", ["--strategy", "ps"],
+                     ["--num-servers", "1"]),
+    # A preemption notice to one rank: every rank backs up at the next step and exits with 42.
+    # Only the chief's backup directory has files (as without a shared filesystem): it
+    # restores and the others follow it; the input is shuffled by TensorFlow's global seed.
+    "sigterm-no-shared-filesystem-3-to-2": ("tfdist-run", signal.SIGTERM, 3, 2,
+                                            "tfdata-unseeded", ["--strategy", "tree",
+                                                                "--backup-per-rank"], None),
+    # Ray Train restarts every worker (FailureConfig(max_failures=1)); TF_CONFIG on new ports.
+    # Ray relays output a second or more late: the ranks pause longer after the stop step.
+    "ray-restarted": ("ray", signal.SIGKILL, 2, None, "numpy",
+                      ["--strategy", "ring", "--pause-after", f"{STOP_AT_STEP}:3"],
+                      ["--max-failures", "1"]),
+    "no-shared-filesystem-killed": ("tfdist-run", signal.SIGKILL, 3, 3, "numpy",
+                                    ["--strategy", "ring", "--backup-per-rank"], None),
+    "tree-restarted": ("tfdist-run", signal.SIGKILL, 3, None, "numpy", ["--strategy", "tree"],
+                       ["--max-restarts", "1"]),
+    "ring-horovod": ("horovodrun", signal.SIGKILL, 2, 2, "numpy",
+                     ["--strategy", "ring", "--backend", "horovod"], None),
 }
-FAST = ("ring-collective", "ps-dedicated", "no-shared-filesystem")
+FAST = ("ring-restarted", "ps-dedicated", "sigterm-no-shared-filesystem-3-to-2",
+        "ray-restarted")
+RESTARTS = ("--max-restarts", "--max-failures")
+RESUMED_AT = re.compile(r"resuming from the backup in \S+: epoch (\d+) after (\d+) of its steps")
 
 
 def run_to_completion(kind, world, args, launcher):
@@ -40,22 +68,29 @@ def run_to_completion(kind, world, args, launcher):
     return tfdist_run(world, args, timeout=600, run_timeout=RUN_TIMEOUT, launcher=launcher)
 
 
-def kill_rank_mid_epoch(kind, world, args, launcher, victim):
-    """Start the job, SIGKILL rank `victim` once epoch KILLED_IN_EPOCH starts; return its output."""
-    job = start_job(kind, world, args, run_timeout=RUN_TIMEOUT, launcher=launcher)
-    seen = []
+def signal_rank_1_after_the_stop_step(kind, world, args, launcher, signum):
+    """Run the job, send rank 1 `signum` once it has taken step STOP_AT_STEP (in the job's
+    first run only); return (exit code, output)."""
+    if "--pause-after" not in args:  # the test signals rank 1 while it pauses after the step
+        args = args + ["--pause-after", f"{STOP_AT_STEP}:0.5"]
+    job = start_job(kind, world, args + ["--announce"], run_timeout=RUN_TIMEOUT,
+                    launcher=launcher)
+    seen, killed = [], False
     try:
-        marker = re.compile(rf"rank {victim} pid (\d+) epoch {KILLED_IN_EPOCH}\b")
+        marker = re.compile(rf"rank 1 pid (\d+) step {STOP_AT_STEP}\b")
         for line in job.stdout:
             seen.append(line)
             match = marker.search(line)
-            if match:
-                os.kill(int(match.group(1)), signal.SIGKILL)
-                break
+            if match and not killed:
+                os.kill(int(match.group(1)), signum)
+                killed = True
+                if not set(RESTARTS) & set(launcher or []):
+                    break
         rest, _ = job.communicate(timeout=300)  # bounded by the job's own timeout
         seen.append(rest)
     finally:
         job.kill()
+    assert killed, "".join(seen)[-3000:]
     return job.returncode, "".join(seen)
 
 
@@ -64,36 +99,49 @@ def load(prefix, world):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The job run to completion by one process, never stopped: rank 0's arrays."""
-    directory = tmp_path_factory.mktemp("uninterrupted")
-    prefix = str(directory / "run")
-    done = run_to_completion("tfdist-run", 1, [script("resume_job.py"), prefix,
-                                               str(directory / "backup")], None)
-    assert done.returncode == 0, failure_report(done)
-    return load(prefix, 1)[0]
+def plain_runs(tmp_path_factory):
+    """The plain script (no tfdist), never stopped, for each input: {input: its arrays}. Run
+    in this process: it launches nothing."""
+    directory = tmp_path_factory.mktemp("plain")
+    return {inputs: resume_mid_epoch.train(str(directory / inputs), str(directory / "backup"),
+                                           "plain", inputs)
+            for inputs in ("numpy", "tfdata-unseeded")}
 
 
 @pytest.mark.parametrize("name", case_parameters(
     CONFIGURATIONS, FAST, lambda name: CONFIGURATIONS[name][0] == "horovodrun"))
-def test_killed_job_rerun_resumes_like_an_uninterrupted_run(tmp_path, name, uninterrupted):
-    kind, world, strategy_args, launcher = CONFIGURATIONS[name]
+def test_killed_job_resumes_at_the_next_batch_like_an_uninterrupted_run(tmp_path, name,
+                                                                         plain_runs):
+    kind, signum, world, rerun_world, inputs, strategy_args, launcher = CONFIGURATIONS[name]
     resumed = str(tmp_path / "resumed")
-    command = [script("resume_job.py"), resumed, str(tmp_path / "backup")] + strategy_args
-    code, output = kill_rank_mid_epoch(kind, world, command, launcher, victim=1)
-    assert code != 0, output[-3000:]
-    assert "rank 1" in output and ("exited" in output or "died" in output), output[-3000:]
-    assert "rank 0 finished" not in output, output[-3000:]
-
-    done = run_to_completion(kind, world, command, launcher)  # the same command again
-    assert done.returncode == 0, failure_report(done)
-    expected = uninterrupted
-    for rank, result in enumerate(load(resumed, world)):
-        # Resumed after the last complete epoch before the kill.
-        assert int(result["epochs_run"]) == EPOCHS - KILLED_IN_EPOCH, (rank, result["epochs_run"])
-        np.testing.assert_allclose(result["losses"], expected["losses"][KILLED_IN_EPOCH:],
-                                   rtol=1e-5, atol=1e-6)
-        for key in expected:
-            if key.startswith("arr_"):
-                np.testing.assert_allclose(result[key], expected[key], rtol=0, atol=1e-4,
-                                           err_msg=f"rank {rank} {key}")
+    command = [script("resume_mid_epoch.py"), resumed, str(tmp_path / "backup"),
+               "--input", inputs] + strategy_args
+    code, output = signal_rank_1_after_the_stop_step(kind, world, command, launcher, signum)
+    if signum == signal.SIGTERM:  # every rank backed up at one step and exited with 42
+        assert code == PREEMPTED_EXIT_CODE, output[-4000:]
+        assert "rank 1 received SIGTERM" in output and "tfdist: preempted: backed up" in output, \
+            output[-4000:]
+    else:
+        assert "rank 1" in output and ("exited" in output or "died" in output), output[-3000:]
+    if rerun_world is None:  # the launcher (or Ray Train) restarted the job by itself
+        assert code == 0, output[-4000:]
+        assert kind != "tfdist-run" or "restarting the job (1 of 1 restarts)" in output, \
+            output[-4000:]
+        assert kind != "ray" or "launched by TF_CONFIG" in output, output[-4000:]
+        rerun_world = world
+    else:
+        assert code != 0, output[-3000:]
+        assert "rank 0 finished" not in output, output[-3000:]
+        done = run_to_completion(kind, rerun_world, command, launcher)  # the command again
+        assert done.returncode == 0, failure_report(done)
+        output = done.stdout + done.stderr
+    resumed_at = RESUMED_AT.search(output)
+    assert resumed_at, output[-3000:]
+    epoch, steps_done = int(resumed_at.group(1)) - 1, int(resumed_at.group(2))
+    # A kill loses the steps after the last backup (every 5 steps); a notice none: it arrives
+    # while the ranks pause after step 23, and the next step carries it.
+    last_backup = epoch * 12 + steps_done
+    assert (last_backup == STOP_AT_STEP + 1 if signum == signal.SIGTERM
+            else last_backup % 5 == 0 and last_backup <= STOP_AT_STEP + 2), output[-3000:]
+    for result in load(resumed, rerun_world):
+        assert_resumed_like(plain_runs[inputs], result, epoch)

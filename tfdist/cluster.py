@@ -68,6 +68,19 @@ ENV_SERVICE = "TFDIST_SERVICE"  # Kubernetes: the headless Service's name
 ENV_NUM_PROCESSES = "TFDIST_NUM_PROCESSES"  # Kubernetes: the Indexed Job's completions
 ENV_PORT = "TFDIST_PORT"  # Kubernetes: every pod's TensorFlow port
 ENV_JOB_NAME = "TFDIST_JOB_NAME"  # Kubernetes: the Job's name (default: from HOSTNAME)
+ENV_MAX_RESTARTS = "TFDIST_MAX_RESTARTS"  # tfdist-run --max-restarts
+ENV_RESTART_COUNT = "TFDIST_RESTART_COUNT"  # set by tfdist-run: 0, then 1, 2, ... per restart
+# A rank's exit code after it backed up on a preemption notice (tfdist.strategies.preemption;
+# tf-keras' PreemptionCheckpointHandler exits with the same): launchers tell it from a crash.
+PREEMPTED_EXIT_CODE = 42
+
+
+def restart_count():
+    """How many times the launcher has restarted this job (0: its first run)."""
+    try:
+        return int(os.environ.get(ENV_RESTART_COUNT, "0"))
+    except ValueError:
+        return 0
 
 DEFAULT_KUBERNETES_PORT = 2222
 # srun without TFDIST_RENDEZVOUS_PORT: a port in [base, base + span) from the job and step ids,

@@ -7,6 +7,9 @@ Behaviour by argument:
                    the workers are done: without this, a server slower to start than the
                    workers could be stopped before it printed)
   fail RANK CODE   rank RANK exits with CODE after 0.5 s; others sleep 600 s
+  fail-until N     print the TFDIST_* environment as JSON; then, while TFDIST_RESTART_COUNT < N,
+                   rank 1 exits with code 7 after 0.5 s and the others sleep 600 s; from the
+                   N-th restart on every rank exits 0
   orphan PIDFILE   spawn a grandchild `sleep 600`, append its pid to PIDFILE, sleep 600 s
 """
 
@@ -38,6 +41,13 @@ elif mode == "fail":
         print("failing on purpose", flush=True)
         sys.exit(code)
     time.sleep(600)
+elif mode == "fail-until":
+    print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("TFDIST_")}), flush=True)
+    if int(os.environ.get("TFDIST_RESTART_COUNT", "0")) < int(sys.argv[2]):
+        if rank == 1:
+            time.sleep(0.5)
+            sys.exit(7)
+        time.sleep(600)
 elif mode == "orphan":
     child = subprocess.Popen(["sleep", "600"])
     with open(sys.argv[2], "a") as f:

@@ -1,17 +1,25 @@
 """`tfdist-run`: start a multi-process tfdist job on this machine.
 
     tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--horovod]
-               [--verbose] [--keep-going] [--profile DIR [--profile-steps A:B]]
+               [--verbose] [--keep-going] [--max-restarts R]
+               [--profile DIR [--profile-steps A:B]]
                python train.py args...
 
 Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
 each with the environment `tfdist.cluster.discover` reads. Every flag can also
 be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
-`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`). With `--horovod` the
+`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`, `TFDIST_MAX_RESTARTS`). With `--horovod` the
 ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
 `RingAllReduceStrategy(backend="horovod")`. The exit code is 0 when every rank
 exits 0, otherwise that of the first process to fail (the others are
-terminated and the failing rank is named). TensorFlow's start-up notices
+terminated and the failing rank is named). With `--max-restarts R` a failed
+job is started again, whole, up to R times (torchrun's semantics): new
+ports, `TFDIST_RESTART_COUNT` set to the restart's number, and the ranks
+resume from their `keras.callbacks.BackupAndRestore` backup, if the script
+has one, else from the beginning; a job the launcher itself was told to
+stop (SIGINT/SIGTERM) is not restarted: it ends with the ranks' code, 42
+when they backed up on the preemption notice the launcher relayed to them
+(`tfdist.strategies.preemption`). TensorFlow's start-up notices
 and repeated copies of a warning are left out of the output unless
 `--verbose` (`tfdist.launch.output_filter`). `--profile DIR` profiles
 training batches A..B on every rank into `DIR/rank_<k>` and, when the job
@@ -75,6 +83,11 @@ def build_parser():
              "server); the job still exits with the failure's code (env TFDIST_KEEP_GOING=1)",
     )
     parser.add_argument(
+        "--max-restarts", type=int,
+        default=int(os.environ.get(cluster_lib.ENV_MAX_RESTARTS, 0)),
+        help="start a failed job again, all of it, up to this many times; the ranks resume "
+             "from their BackupAndRestore backup (env TFDIST_MAX_RESTARTS, default 0)")
+    parser.add_argument(
         "--profile", metavar="DIR", default=os.environ.get(profiling_names.PROFILE_DIR_ENV),
         help="profile every rank's training batches --profile-steps with TensorFlow's profiler "
              "into DIR/rank_<k> (runs of `tensorboard --logdir DIR`), then merge the ranks' "
@@ -98,6 +111,8 @@ def validate(args, parser):
         parser.error(f"--num-servers must be >= 0. Got: {args.num_servers}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive. Got: {args.timeout}")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts must be >= 0. Got: {args.max_restarts}")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -147,16 +162,39 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     validate(args, parser)
+    restart = 0
+    while True:
+        code, group = run_job(args, restart)
+        if (code == 0 or group is None or group.stopped_by_signal is not None
+                or restart >= args.max_restarts):
+            break
+        restart += 1
+        label, failed_code = group.failure or ("?", code)
+        why = ("was preempted (exit code 42)" if failed_code == cluster_lib.PREEMPTED_EXIT_CODE
+               else f"exited with code {failed_code}")
+        print(f"tfdist-run: {processes.describe(label)} {why}; "
+              f"restarting the job ({restart} of {args.max_restarts} restarts) on new ports: "
+              "its ranks resume from their BackupAndRestore backup if the script has one, "
+              "else from the beginning", file=sys.stderr, flush=True)
+    if args.profile and code == 0:
+        code = merge_timeline(args.profile, args.profile_steps)
+    return code
+
+
+def run_job(args, restart):
+    """Start every process of the job once and wait for it: (exit code, its ProcessGroup, or
+    None when the job could not start)."""
     try:
         port_list = ports_lib.pick_ports(args.num_proc + args.num_servers, args.port_base, HOST)
     except OSError as e:
         print(f"tfdist-run: {e}", file=sys.stderr)
-        return 1
+        return 1, None
     group = processes.ProcessGroup(output_filter=OutputFilter(enabled=not args.verbose))
     group.forward_signals()
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
-    if args.profile:
-        for _, env in envs:
+    for _, env in envs:
+        env[cluster_lib.ENV_RESTART_COUNT] = str(restart)
+        if args.profile:
             env[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
             env[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps
     if args.horovod:
@@ -164,7 +202,7 @@ def main(argv=None):
             _, horovod_envs = gloo_rendezvous_server.start(args.num_proc, HOST)
         except RuntimeError as e:
             print(f"tfdist-run: {e}", file=sys.stderr)
-            return 1
+            return 1, None
         for (_, env), extra in zip(envs, horovod_envs):
             env.update(extra)
     try:
@@ -173,12 +211,9 @@ def main(argv=None):
     except OSError as e:
         print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
         group.terminate_all()
-        return 127
-    code = group.wait(workers=[str(r) for r in range(args.num_proc)],
-                      keep_going=args.keep_going)
-    if args.profile and code == 0:
-        code = merge_timeline(args.profile, args.profile_steps)
-    return code
+        return 127, None
+    return group.wait(workers=[str(r) for r in range(args.num_proc)],
+                      keep_going=args.keep_going), group
 
 
 def merge_timeline(log_dir, steps):

@@ -81,6 +81,12 @@ class ProcessGroup:
         self._output_filter = output_filter
         self._log = log or (lambda msg: print(f"tfdist-run: {msg}", file=sys.stderr, flush=True))
         self._stop_signal = None
+        self.failure = None  # (label, exit code) of the process whose failure ended the job
+
+    @property
+    def stopped_by_signal(self):
+        """The SIGINT/SIGTERM the launcher received and relayed (None if it received none)."""
+        return self._stop_signal
 
     def start(self, label, command, env):
         self.processes.append(ManagedProcess(label, command, env,
@@ -135,6 +141,7 @@ class ProcessGroup:
                         f"{describe(failed.label)} exited with code {code}; "
                         "terminating the other processes"
                     )
+                self.failure = (failed.label, code)
                 self.terminate_all()
                 return code
             if all(p.poll() is not None for p in self.processes if p.label in workers) and \

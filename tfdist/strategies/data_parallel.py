@@ -46,11 +46,13 @@ from tfdist.strategies import average_loss, call_arguments, rank_state
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import empty_slice, replica_step, step_plan
+from tfdist.strategies.agreed_flags import AgreedFlags
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
 from tfdist.strategies.cross_replica_sum import StepReplicaContext, sum_exactly
 from tfdist.strategies.global_gradients import GlobalGradients
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
+from tfdist.strategies.preemption import PreemptionNotice
 from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, leading_rows, shard_global_batch
 
@@ -71,6 +73,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     asynchronous = False
     remote_updates = None
     communication_counters: CommunicationCounters  # set in __init__
+    agreed_flags: AgreedFlags  # set in __init__
+    preemption: PreemptionNotice  # set in __init__
 
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
         self._cluster = runtime.cluster()
@@ -100,6 +104,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                                            self._cluster.world_size)
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self._any_rank_functions = {}  # number of flags -> compiled exchange
+        self.agreed_flags = AgreedFlags(self._cluster.world_size)
+        self.preemption = PreemptionNotice(self.agreed_flags, self._cluster.rank,
+                                           self._cluster.timeout)
 
     @property
     def communicator(self):
@@ -436,15 +443,20 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         # every rank, whichever ranks measure).
         exchange_slot = (total.add_sum(counters.exchange_vector())
                          if keras_steps.is_train_step(fn) else None)
+        # ... and the flags ranks raise between steps (a preemption notice), agreed here.
+        flags_slot = (total.add_sum(self.agreed_flags.step_vector())
+                      if keras_steps.is_train_step(fn) else None)
         total.run(self._aggregator.all_reduce)
         if exchange_slot is not None:
             counters.absorb_exchange(total.result(exchange_slot))
+        flag_updates = ([self.agreed_flags.absorb(total.result(flags_slot))]
+                        if flags_slot is not None else [])
         applied = []
         for update, finish in zip(updates, finish_gradients):
             with step.aggregated_gradients():
                 applied.append(update.apply(finish()))
         state_updates = self._local_state.assign(assigned, state_slots, total)
-        dependencies = state_updates + [op for op in tf.nest.flatten(applied)
+        dependencies = state_updates + flag_updates + [op for op in tf.nest.flatten(applied)
                                         if isinstance(op, (tf.Tensor, tf.Operation))]
         with tf.control_dependencies(dependencies):
             return self._globalize_outputs(

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from tfdist.aggregation.base import Aggregator
     from tfdist.comm.base import Communicator
     from tfdist.profiling.counters import CommunicationCounters
+    from tfdist.strategies.agreed_flags import AgreedFlags
+    from tfdist.strategies.preemption import PreemptionNotice
 
 
 @runtime_checkable
@@ -31,6 +33,13 @@ class StrategyExtended(Protocol):
 
     communication_counters: "CommunicationCounters"
     """`tfdist.profiling.counters.CommunicationCounters` of this process's steps."""
+
+    agreed_flags: "AgreedFlags"
+    """`tfdist.strategies.agreed_flags.AgreedFlags`: flags (a preemption notice) that every
+    rank sees after the same training step."""
+
+    preemption: "PreemptionNotice"
+    """`tfdist.strategies.preemption.PreemptionNotice` of this rank."""
 
     @property
     def communicator(self) -> "Communicator":

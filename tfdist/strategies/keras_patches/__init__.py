@@ -15,8 +15,10 @@ each family in its own module:
 * `metrics`: batch-level `Mean` updates are share-weighted;
 * `loop_flags`: the loop's stop flags are agreed by every rank;
 * `callbacks`: the multi-process policy of every callback list (chief-only
-  writers, BackupAndRestore on the chief, the step watchdog, the end-of-fit
-  barrier, the asynchronous PS's parameter refresh, TensorBoard profiling);
+  writers, the step watchdog, the end-of-fit barrier, the asynchronous PS's
+  parameter refresh, TensorBoard profiling);
+* `backup`: `BackupAndRestore` writes and reads on the chief and resumes
+  every rank exactly at the next batch (`training_state`);
 * `saving`: `Model.save` / `save_weights` on the chief, atomically;
 * `empty_slices`: in a custom loop, a model called on an empty slice runs on
   a stand-in row, its outputs cut back to zero rows;
@@ -36,8 +38,8 @@ nothing. Both are idempotent.
 """
 
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
-from tfdist.strategies.keras_patches import (callbacks, data, empty_slices, loop_flags, losses,
-                                             metrics, optimizer, saving)
+from tfdist.strategies.keras_patches import (backup, callbacks, data, empty_slices, loop_flags,
+                                             losses, metrics, optimizer, saving)
 
 _installed = False
 
@@ -48,6 +50,6 @@ def install():
     if _installed:
         return
     _installed = True  # `compat` checked this Keras when it was imported, above
-    for family in (losses, data, optimizer, metrics, loop_flags, callbacks, saving,
+    for family in (losses, data, optimizer, metrics, loop_flags, callbacks, backup, saving,
                    empty_slices):
         family.install()

@@ -6,8 +6,7 @@ a tfdist strategy, without changes to the user's script:
 * non-chief ranks get no progress bar, and their `TensorBoard`,
   `ModelCheckpoint` and `CSVLogger` callbacks are dropped (the chief writes
   them); `BackupAndRestore` writes, deletes and reads backups on the chief
-  only, and the state it restored is broadcast to every rank; the chief's
-  backups replace their files atomically (`checkpoint_files`);
+  only and resumes every rank at the next batch (`backup`);
 * `jit_compile` is turned off for multi-process models (XLA cannot compile
   the cross-process collectives inside the step);
 * every call of the compiled train/test/predict step is bounded by the job
@@ -22,16 +21,13 @@ a tfdist strategy, without changes to the user's script:
   `tfdist-run --profile`.
 """
 
-import functools
 
 import keras
-import tensorflow as tf
 
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
-from tfdist.strategies import rank_state
-from tfdist.strategies.checkpoint_files import save_backup
-from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks, is_multi_process,
+from tfdist.strategies.keras_patches import backup
+from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)
 
 
@@ -213,121 +209,13 @@ def _with_step_timeout(model, callbacks):
     return list(callbacks) + [_StepTimeout(communicator)]
 
 
-def _restore_only(callback, strategy):
-    """BackupAndRestore for a non-chief rank: write only its own state (`rank_state`) where
-    the chief writes the backup, and delete only that (the chief restores and cleans up)."""
-    # pylint: disable=protected-access
-    callback._save_model = lambda *args, **kwargs: rank_state.save(
-        callback.model, callback._weights_path, strategy)
-
-    def on_train_end(logs=None):
-        rank_state.remove(callback._weights_path, strategy)
-        if _keeps_rank_state(strategy):  # the chief deletes the backup after this barrier
-            _barrier_before_deleting_the_backup(strategy)
-
-    callback.on_train_end = on_train_end  # assigned, not wrapped: the same on every call
-    return callback
-
-
-def _barrier_before_deleting_the_backup(strategy):
-    communicator = strategy.extended.communicator
-    with communicator.expect_progress("the barrier before deleting the backup"):
-        communicator.barrier()
-
-
-def _keeps_rank_state(strategy):
-    compressor = getattr(strategy.extended.aggregator, "compressor", None)
-    return getattr(compressor, "keeps_rank_state", False)
-
-
-def _rank_files_removed_first(callbacks, strategy):
-    """Where ranks keep their own state beside the backup, the chief deletes the backup
-    directory at the end of fit only after every rank has removed its file (a barrier)."""
-    if not _keeps_rank_state(strategy):
-        return
-    for callback in keras.tree.flatten(callbacks) if callbacks else []:
-        if isinstance(callback, keras.callbacks.BackupAndRestore) and not getattr(
-                callback, "_tfdist_waits_for_rank_files", False):
-            callback._tfdist_waits_for_rank_files = True  # pylint: disable=protected-access
-            end = callback.on_train_end
-
-            def after_every_rank(logs=None, _end=end):
-                _barrier_before_deleting_the_backup(strategy)
-                _end(logs)
-
-            callback.on_train_end = after_every_rank
-
-
-def _save_backup_atomically(callback):
-    """`BackupAndRestore._save_model`, through `checkpoint_files.save_backup`."""
-    # pylint: disable=protected-access
-    previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
-                if callback.double_checkpoint else None)
-    save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
-                previous, {"epoch": callback._current_epoch, "batch": callback._last_batch_seen})
-
-
-def _with_atomic_backups(callbacks):
-    """The chief's BackupAndRestore callbacks write their files atomically (`checkpoint_files`)."""
-    for callback in keras.tree.flatten(callbacks) if callbacks else []:
-        if isinstance(callback, keras.callbacks.BackupAndRestore):
-            callback._save_model = functools.partial(  # pylint: disable=protected-access
-                _save_backup_atomically, callback)
-
-
-def _restored_by_the_chief(callbacks, strategy):
-    """BackupAndRestore in a multi-process job: the chief restores, every rank gets its state.
-
-    Only the chief reads the backup: on several machines without a shared
-    filesystem the other ranks do not see its files, and a rank that resumed
-    from nothing would train out of step with the chief. After the chief's
-    restore, one broadcast says whether it restored and from which epoch;
-    if it did, the model's weights and the optimizer's state follow from
-    rank 0 (one broadcast per variable, once per `fit`).
-    """
-    for callback in keras.tree.flatten(callbacks) if callbacks else []:
-        if isinstance(callback, keras.callbacks.BackupAndRestore) and not getattr(
-                callback, "_tfdist_restores_on_chief", False):
-            callback._tfdist_restores_on_chief = True  # pylint: disable=protected-access
-            restore = callback.on_train_begin
-            callback.on_train_begin = functools.partial(_restore_then_broadcast, callback,
-                                                        restore, strategy)
-
-
-def _restore_then_broadcast(callback, restore, strategy, logs=None):
-    # pylint: disable=protected-access
-    model = callback.model
-    restored = False
-    if strategy.is_chief:
-        restored = tf.io.gfile.exists(callback._weights_path)
-        restore(logs)
-    communicator = strategy.extended.communicator
-    state = communicator.broadcast(
-        tf.constant([int(restored), model._initial_epoch or 0], tf.int64)).numpy()
-    if not state[0]:
-        return
-    if model.optimizer is not None and not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
-    variables = list(model.weights) + list(model.optimizer.variables if model.optimizer else [])
-    for variable in variables:
-        variable.assign(communicator.broadcast(variable.value))
-    rank_state.restore(model, callback._weights_path, strategy)
-    model._initial_epoch = int(state[1]) or None
-
-
 def _for_non_chief(callbacks, strategy):
     """A non-chief rank's callbacks: no writers, except `ModelCheckpoint` where the gradient
     compressor keeps per-rank state (its `model.save` writes only that, `rank_state`)."""
-    own_state = _keeps_rank_state(strategy)
-    kept = []
-    for callback in keras.tree.flatten(callbacks) if callbacks else []:
-        if isinstance(callback, _CHIEF_ONLY_WRITERS) and not (
-                own_state and isinstance(callback, keras.callbacks.ModelCheckpoint)):
-            continue
-        if isinstance(callback, keras.callbacks.BackupAndRestore):
-            callback = _restore_only(callback, strategy)
-        kept.append(callback)
-    return kept
+    own_state = backup.keeps_rank_state(strategy)
+    return [callback for callback in (keras.tree.flatten(callbacks) if callbacks else [])
+            if not isinstance(callback, _CHIEF_ONLY_WRITERS)
+            or (own_state and isinstance(callback, keras.callbacks.ModelCheckpoint))]
 
 
 def install():
@@ -344,12 +232,8 @@ def install():
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks, tfdist_strategy(model))
             add_progbar = False
-        elif model is not None and tfdist_strategy(model) is not None:
-            _with_atomic_backups(callbacks)
-            if is_multi_process(model):
-                _rank_files_removed_first(callbacks, tfdist_strategy(model))
-        if model is not None and is_multi_process(model):
-            _restored_by_the_chief(callbacks, tfdist_strategy(model))
+        if model is not None:
+            backup.prepare(callbacks, model)
         callback_list_init(self, callbacks, add_history=add_history,
                            add_progbar=add_progbar, model=model, **params)
 

@@ -136,6 +136,16 @@ def _keras_changes():
              "_prev_training_metadata_path", "_current_epoch", "_last_batch_seen"}
             <= _names_used(backup.__init__) and callable(backup._save_model)
             and "_initial_epoch" in _names_used(backup._load_model)),
+        "BackupAndRestore counts batches in _batches_seen_since_last_saving; fit resets the "
+        "metrics before on_epoch_begin": lambda: (
+            "_batches_seen_since_last_saving" in _names_used(backup.__init__)
+            and {"reset_metrics", "on_epoch_begin"} <= _names_used(trainer.fit)),
+        "EpochIterator._enumerate_iterator() yields (begin, end, iterator), reads "
+        "steps_per_epoch, _num_batches; catch_stop_iteration": lambda: (
+            _parameters(TFEpochIterator._enumerate_iterator) == ["self"]
+            and {"steps_per_epoch", "_num_batches", "_get_iterator"}
+            <= _names_used(TFEpochIterator._enumerate_iterator)
+            and callable(TFEpochIterator.catch_stop_iteration)),
         "only fit's training TFEpochIterator takes class_weight": lambda: (
             "class_weight" in _keywords_passed(trainer.fit)
             and "class_weight" not in _keywords_passed(trainer.evaluate)

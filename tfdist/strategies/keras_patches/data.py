@@ -22,6 +22,7 @@ from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 
 from tfdist.strategies import call_arguments
+from tfdist.strategies.keras_patches import backup
 from tfdist.strategies.data_fingerprint import array_fingerprint
 from tfdist.strategies.keras_patches.model_strategy import (is_tfdist_strategy, record_data_adapter,
                                                             tfdist_strategy)
@@ -182,6 +183,8 @@ def install_data_recording():
         with scope:
             epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
         record_data_adapter(self.data_adapter)
+        if self._tfdist_fit_iterator and is_tfdist_strategy(distribute_strategy):
+            backup.record_fit_iterator(self)  # a resume replays its data to the backup
         if is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
             distribute_strategy.extended.check_same_data(
                 self.num_batches, _in_memory_fingerprint(self.data_adapter),
@@ -229,6 +232,8 @@ def _install_call_recording():
                 return _original(self, *args, **kwargs)
             finally:
                 stack.pop()
+                if _name == "fit":
+                    backup.after_fit(self)  # also when fit raised: preemption disarmed
 
         setattr(trainer, name, recorded)
 

@@ -1,0 +1,165 @@
+"""Mid-epoch exact resume with the user's unchanged `BackupAndRestore(dir, save_freq=5)`,
+at simulated ranks (no process launched).
+
+The worker script (tests/scripts/resume_mid_epoch.py): a shuffled fit
+(Adam + CosineDecay, EarlyStopping whose patience runs out only if its
+state survives, accuracy) stopped on every rank at optimizer step 23 of
+36 - three steps after the last backup, in the second epoch - then run
+again, at another number of ranks. The resumed run must end with the
+uninterrupted plain script's weights (1e-4), the same post-resume history
+and the same stop. A plain Keras run stopped and resumed the same way
+restarts the epoch and ends 0.1 away, after 56 steps (README, "Preemption
+and restarts"). test_resume.py kills real processes.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
+
+from tfdist.simulation import simulate_processes  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.strategies import preemption  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.strategies.agreed_flags import AgreedFlags  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE  # noqa: E402  pylint: disable=wrong-import-position
+
+STOP_AT_STEP = 23  # the last backup: step 20, 8 steps into the second epoch
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """plain(inputs): the plain script's run never stopped (computed once per input)."""
+    runs = {}
+
+    def run_once(inputs):
+        if inputs not in runs:
+            directory = tmp_path_factory.mktemp(f"plain-{inputs}")
+            runs[inputs] = resume_mid_epoch.train(str(directory / "run"),
+                                                  str(directory / "backup"), "plain", inputs)
+        return runs[inputs]
+
+    return run_once
+
+
+def run(directory, name, world, strategy, inputs, **options):
+    out = str(directory / name)
+    return simulate_processes(world, lambda rank: resume_mid_epoch.train(
+        out, str(directory / "backup"), strategy, inputs, **options))
+
+
+def assert_resumed_like(reference, resumed, epoch=1):
+    """The resumed run's weights, post-resume history and stop are the uninterrupted run's
+    (resumed in `epoch`, counted from 0: the second by default)."""
+    resumed_epochs = list(resumed["epochs"])
+    assert resumed_epochs[0] == epoch, resumed_epochs
+    assert resumed_epochs == list(reference["epochs"][epoch:]), (resumed_epochs,
+                                                                 reference["epochs"])
+    assert int(resumed["steps"]) == int(reference["steps"])
+    for key, values in reference.items():
+        if key.startswith("history/"):
+            np.testing.assert_allclose(resumed[key], values[epoch:], rtol=1e-5, atol=1e-6,
+                                       err_msg=key)
+        elif key.startswith("w"):
+            np.testing.assert_allclose(resumed[key], values, rtol=0, atol=ATOL, err_msg=key)
+
+
+@pytest.mark.parametrize("inputs,stopped_world,resumed_world", [
+    ("numpy", 3, 2),  # arrays shuffled by Keras; resumed by a reduction tree
+    # A seeded tf.data shuffle, reshuffled each epoch (make test-all; make test resumes an
+    # unseeded one in test_resume.py).
+    pytest.param("tfdata", 2, 3, marks=pytest.mark.slow),
+])
+def test_a_run_stopped_mid_epoch_resumes_at_the_next_batch_at_another_size(
+        tmp_path, plain, inputs, stopped_world, resumed_world):
+    reference = plain(inputs)
+    stopped = run(tmp_path, "stopped", stopped_world, "ring", inputs, stop_at_step=STOP_AT_STEP)
+    assert stopped == [None] * stopped_world
+    resumed = run(tmp_path, "resumed", resumed_world,
+                  "tree" if inputs == "numpy" else "ring", inputs)
+    for rank_result in resumed:
+        assert_resumed_like(reference, rank_result)
+    assert not os.path.exists(tmp_path / "backup")  # deleted at the end of the finished fit
+
+
+def test_a_backup_at_an_epochs_last_step_resumes_with_that_epochs_logs(tmp_path, plain):
+    """Backed up every 6 steps, the backup before step 26 is at the second epoch's last step
+    (24): the resumed run trains no step of that epoch, and its epoch-end logs, EarlyStopping
+    and History still see the epoch's loss and metrics. Stopped at 2 ranks, resumed by one
+    process."""
+    reference = plain("numpy")
+    run(tmp_path, "stopped", 2, "ring", "numpy", stop_at_step=26, save_freq=6)
+    resumed = run(tmp_path, "resumed", 1, "ring", "numpy", save_freq=6)[0]
+    assert_resumed_like(reference, resumed)
+
+
+def test_a_preemption_notice_to_one_rank_backs_up_every_rank_at_the_next_step(tmp_path, plain):
+    """Rank 1 of 3 gets the notice after step 22, twice: the next step carries it, so every
+    rank backs up after step 23 and exits with code 42; rerun at 2 ranks, the job goes on
+    at step 24 and ends as the plain script never stopped."""
+    reference = plain("numpy")
+
+    def preempted(rank):
+        try:
+            resume_mid_epoch.train(str(tmp_path / "stopped"), str(tmp_path / "backup"), "ring",
+                                   "numpy", notice_at_step=22 if rank == 1 else None)
+        except SystemExit as stop:
+            return stop.code
+        return "finished"
+
+    assert simulate_processes(3, preempted) == [PREEMPTED_EXIT_CODE] * 3
+    with open(tmp_path / "backup" / "training_metadata.json") as f:
+        position = json.load(f)["tfdist"]["position"]
+    assert position["iterations"] == 23 and position["steps_done"] == 11, position
+    resumed = run(tmp_path, "resumed", 2, "tree", "numpy")[0]
+    assert_resumed_like(reference, resumed)
+
+
+def test_dropout_masks_continue_where_the_backup_left_them(tmp_path):
+    """Seed-generator state is not in Keras' weights file; the backup has it. (Dropout masks
+    depend on the number of ranks, so the reference is the same 2 ranks, never stopped.)"""
+    reference = run(tmp_path / "straight", "straight", 2, "ring", "numpy", dropout=True)[0]
+    run(tmp_path, "stopped", 2, "ring", "numpy", dropout=True, stop_at_step=STOP_AT_STEP)
+    resumed = run(tmp_path, "resumed", 2, "ring", "numpy", dropout=True)[0]
+    assert_resumed_like(reference, resumed)
+
+
+def deliver(signum, until, seconds=5.0):
+    """Send this process `signum`; return once `until()` (Python runs handlers in the main
+    thread between bytecodes, not always before `os.kill` returns)."""
+    os.kill(os.getpid(), signum)
+    deadline = time.monotonic() + seconds
+    while not until() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
+def test_the_signal_gives_the_notice_only_while_a_fit_is_armed(monkeypatch):
+    """While armed, the preemption signal only raises the flag; disarmed, tfdist's handler is
+    gone and the signal reaches the handler the process had (here a test's own). A pending
+    notice at the end of the fit is handed to that handler; a bad signal name is refused."""
+    monkeypatch.setenv(preemption.ENV_PREEMPTION_SIGNAL, "SIGUSR1")
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    try:
+        flags = AgreedFlags(world_size=1)
+        notice = preemption.PreemptionNotice(flags, rank=0, timeout=60)
+        notice.arm()
+        deliver(signal.SIGUSR1, lambda: notice.noticed)
+        deliver(signal.SIGUSR1, lambda: True)  # a second signal changes nothing
+        assert notice.noticed and notice.agreed() and received == []
+        notice.disarm()  # the fit ended before a step took it: as the signal would have
+        assert received == [signal.SIGUSR1] and not notice.agreed()
+        deliver(signal.SIGUSR1, lambda: len(received) == 2)
+        assert received == [signal.SIGUSR1] * 2
+        monkeypatch.setenv(preemption.ENV_PREEMPTION_SIGNAL, "SIGNOPE")
+        with pytest.raises(ValueError, match="must name a signal"):
+            notice.arm()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

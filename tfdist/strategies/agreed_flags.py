@@ -1,0 +1,72 @@
+"""Flags every rank agrees on at a training step, carried by the step's fused all-reduce.
+
+A rank raises a flag from the host at any time (a preemption notice:
+`preemption`). Before its next training step the flag is written into a
+small variable; the step adds that variable to its one all-reduce
+(`step_sum.StepSum`, as the communication counters do) and stores the sums
+in a second variable. So after that step every rank reads the same sums:
+a flag raised on any rank is seen by all of them, after the same step,
+with no collective added. One process runs Keras' own step (nothing is
+summed): its own flags are the agreed ones.
+
+Cost: `len(NAMES)` floats in every training step's all-reduce; one
+variable read after a step, only where a flag is watched.
+"""
+
+import threading
+
+import tensorflow as tf
+
+NAMES = ("preempt",)
+PREEMPT = NAMES.index("preempt")
+
+
+class AgreedFlags:
+    """This rank's raised flags, and the flags the last training step agreed on.
+
+    Args:
+        world_size: the number of training processes (1: nothing is exchanged).
+    """
+
+    def __init__(self, world_size):
+        self._exchanged = world_size > 1
+        self._raised = [False] * len(NAMES)  # host side: set at any time, by any thread
+        self._written = [False] * len(NAMES)
+        self._lock = threading.Lock()
+        with tf.init_scope():
+            self._local = tf.Variable(tf.zeros([len(NAMES)]), trainable=False,
+                                      name="tfdist_raised_flags")
+            self._agreed = tf.Variable(tf.zeros([len(NAMES)]), trainable=False,
+                                       name="tfdist_agreed_flags")
+
+    def raise_flag(self, index):
+        """Raise flag `index` on this rank (host side; safe from a signal handler)."""
+        self._raised[index] = True
+
+    def lower_flag(self, index):
+        """Lower flag `index` on this rank (it was acted on)."""
+        self._raised[index] = False
+
+    def before_step(self):
+        """Write newly raised flags where the next step reads them (host, before a step)."""
+        if self._raised == self._written:
+            return
+        with self._lock:
+            self._written = list(self._raised)
+            self._local.assign([1.0 if raised else 0.0 for raised in self._written])
+
+    # -------------------------------------------------------------- in the step
+    def step_vector(self):
+        """This rank's flags, for the step's all-reduce."""
+        return self._local.read_value()
+
+    def absorb(self, summed):
+        """Store the step's sums of every rank's flags; the assignment op."""
+        return self._agreed.assign(summed)
+
+    # ---------------------------------------------------------------- after a step
+    def agreed(self, index):
+        """Whether any rank had raised flag `index` by the last training step."""
+        if not self._exchanged:
+            return self._raised[index]
+        return bool(self._agreed[index].numpy() > 0)

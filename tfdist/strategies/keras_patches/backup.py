@@ -1,0 +1,425 @@
+"""`keras.callbacks.BackupAndRestore` under a tfdist strategy: exact resume at the next batch.
+
+The user's unchanged `BackupAndRestore(dir, save_freq=N | "epoch")`:
+
+* **writes** on the chief only (other ranks write only their own
+  compression residuals beside it, `rank_state`), both files replaced
+  atomically (`checkpoint_files.save_backup`); its metadata also holds the
+  `training_state.TrainingState` of the moment: the position (epoch, steps
+  of it trained), seed and metric state, the steering callbacks' state;
+* **restores** on the chief only (on machines without a shared filesystem
+  the other ranks do not see its files); the weights and the optimizer's
+  state then follow from rank 0 (one broadcast per variable) and the
+  training state from the chief's metadata (`TrainingState.share`), once
+  per `fit`;
+* **resumes at the next batch**: the fit loop starts at the backup's epoch,
+  and its epoch iterator replays the data consumption of the interrupted
+  run up to the backup (`_replay_to`) so the first batch trained is the one
+  the uninterrupted run trained next, whatever the input: the finished
+  epochs' iterators are created and their data-adapter hooks called, as the
+  run did (a reshuffling `tf.data` pipeline draws its order from its
+  iterator count; `PyDataset.on_epoch_end` reshuffles), without reading
+  their batches unless the input carries over epochs (`steps_per_epoch`, a
+  generator, an unknown length); the resumed epoch's trained batches are
+  read and dropped. The seed and metric state and the callbacks' state are
+  then those of the backup's moment: the resumed run's weights and
+  post-resume history are the uninterrupted run's.
+
+Cost of a resume: one broadcast per variable and two for the training
+state (multi-process), reading the resumed epoch's first `steps_done`
+batches (all of the finished epochs' only where the input carries over),
+nothing per step. A backup written by plain Keras (no tfdist state)
+resumes as Keras does, at its epoch's start.
+"""
+
+import functools
+import json
+import threading
+import weakref
+
+import keras
+import tensorflow as tf
+from absl import logging
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+from tfdist import cluster as cluster_lib
+from tfdist.strategies import rank_state
+from tfdist.strategies.checkpoint_files import save_backup
+from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
+from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
+from tfdist.strategies.training_state import (TrainingState, callback_key, clear_pending, pending,
+                                               set_pending)
+
+# The callbacks whose state steers training or its checkpoints, and that state.
+STEERING_STATE = (
+    (keras.callbacks.EarlyStopping, ("wait", "stopped_epoch", "best", "best_epoch")),
+    (keras.callbacks.ReduceLROnPlateau, ("wait", "cooldown_counter", "best")),
+    (keras.callbacks.ModelCheckpoint, ("best", "_batches_seen_since_last_saving",
+                                       "_last_batch_seen", "_current_epoch")),
+    (keras.callbacks.BackupAndRestore, ("_batches_seen_since_last_saving", "_last_batch_seen",
+                                        "_current_epoch")),
+)
+
+_fit_iterators = threading.local()  # the epoch iterator of this thread's latest fit
+
+
+def record_fit_iterator(epoch_iterator):
+    """`data`'s epoch-iterator hook: the iterator `fit` just built (before `on_train_begin`)."""
+    _fit_iterators.latest = weakref.ref(epoch_iterator)
+
+
+def _latest_fit_iterator():
+    reference = getattr(_fit_iterators, "latest", None)
+    return reference() if reference is not None else None
+
+
+def _steering_state(callbacks):
+    state = {}
+    for callback in callbacks:
+        for kind, names in STEERING_STATE:
+            if isinstance(callback, kind):
+                state[callback_key(callback, callbacks)] = TrainingState.attributes_of(
+                    callback, names)
+    return state
+
+
+# ------------------------------------------------------------------------ writing
+def _track_position(callback):
+    """Keep `callback._tfdist_position` = (epoch in progress, its steps trained)."""
+    # pylint: disable=protected-access
+    callback._tfdist_position = (0, 0)
+    epoch_begin, batch_end, epoch_end = (callback.on_epoch_begin, callback.on_train_batch_end,
+                                         callback.on_epoch_end)
+
+    def on_epoch_begin(epoch, logs=None):
+        callback._tfdist_position = (epoch, callback._tfdist_position[1]
+                                     if callback._tfdist_position[0] == epoch else 0)
+        epoch_begin(epoch, logs)
+
+    def on_train_batch_end(batch, logs=None):
+        callback._tfdist_position = (callback._tfdist_position[0], batch + 1)
+        batch_end(batch, logs)
+
+    def on_epoch_end(epoch, logs=None):
+        callback._tfdist_position = (epoch + 1, 0)
+        epoch_end(epoch, logs)
+
+    callback.on_epoch_begin, callback.on_train_batch_end, callback.on_epoch_end = (
+        on_epoch_begin, on_train_batch_end, on_epoch_end)
+
+
+def _save_with_training_state(callback, strategy):
+    """`BackupAndRestore._save_model` on the chief: weights and metadata, with the state."""
+    # pylint: disable=protected-access
+    epoch, steps_done = callback._tfdist_position
+    state = TrainingState.capture(callback.model, epoch, steps_done, strategy.world_size,
+                                  _steering_state(callback._tfdist_callbacks))
+    previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
+                if callback.double_checkpoint else None)
+    save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
+                previous, {"epoch": epoch, "batch": callback._last_batch_seen,
+                           "tfdist": state.to_json()})
+
+
+def _write_own_state_only(callback, strategy):
+    """A non-chief rank's `_save_model`: only its own residuals (`rank_state`), beside the
+    chief's backup; at the end of fit it deletes only that file."""
+    # pylint: disable=protected-access
+    callback._save_model = lambda *args, **kwargs: rank_state.save(
+        callback.model, callback._weights_path, strategy)
+
+    def on_train_end(logs=None):
+        rank_state.remove(callback._weights_path, strategy)
+        if keeps_rank_state(strategy):  # the chief deletes the backup after this barrier
+            _barrier_before_deleting_the_backup(strategy)
+
+    callback.on_train_end = on_train_end  # assigned, not wrapped: the same on every call
+
+
+def _barrier_before_deleting_the_backup(strategy):
+    communicator = strategy.extended.communicator
+    with communicator.expect_progress("the barrier before deleting the backup"):
+        communicator.barrier()
+
+
+def keeps_rank_state(strategy):
+    """Whether the strategy's compressor keeps state of each rank's own (residuals)."""
+    compressor = getattr(strategy.extended.aggregator, "compressor", None)
+    return getattr(compressor, "keeps_rank_state", False)
+
+
+def _delete_after_every_rank(callback, strategy):
+    """Where ranks keep their own state beside the backup, the chief deletes the backup
+    directory at the end of fit only after every rank has removed its file (a barrier)."""
+    end = callback.on_train_end
+
+    def after_every_rank(logs=None):
+        _barrier_before_deleting_the_backup(strategy)
+        end(logs)
+
+    callback.on_train_end = after_every_rank
+
+
+# ---------------------------------------------------------------------- restoring
+def _read_training_state(callback):
+    """The chief's backup's `TrainingState`, or None (no backup, or one plain Keras wrote)."""
+    # pylint: disable=protected-access
+    path = callback._training_metadata_path
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path, "r") as f:
+        return TrainingState.from_json(json.loads(f.read()).get("tfdist"))
+
+
+def _restore_and_resume(callback, restore, strategy, logs=None):
+    """`on_train_begin`: the chief restores; every rank gets its weights and training state."""
+    # pylint: disable=protected-access
+    model = callback.model
+    callback._tfdist_position = (0, 0)
+    restored, state = False, None
+    if strategy.is_chief:
+        restored = tf.io.gfile.exists(callback._weights_path)
+        restore(logs)  # Keras' own: the weights, and the epoch into model._initial_epoch
+        state = _read_training_state(callback) if restored else None
+        if not restored and cluster_lib.restart_count():
+            print(f"tfdist: restart {cluster_lib.restart_count()}: no backup in "
+                  f"{callback.backup_dir}: training starts from the beginning", flush=True)
+    if strategy.world_size > 1:
+        communicator = strategy.extended.communicator
+        restored, epoch = communicator.broadcast(tf.constant(
+            [int(restored), model._initial_epoch or 0], tf.int64)).numpy()
+        if not restored:
+            return
+        model._initial_epoch = int(epoch) or None
+        state = TrainingState.share(communicator, state)
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        variables = list(model.weights) + list(model.optimizer.variables
+                                                if model.optimizer else [])
+        for variable in variables:
+            variable.assign(communicator.broadcast(variable.value))
+        rank_state.restore(model, callback._weights_path, strategy)
+    if restored and state is not None:
+        _resume(callback, state, strategy)
+
+
+def _resume(callback, state, strategy):
+    """Continue at the backup's position (`_replay_to`), with its seed, metric and callbacks'
+    state."""
+    # pylint: disable=protected-access
+    model, position = callback.model, dict(state.position)
+    iterations = int(model.optimizer.iterations.numpy()) if model.optimizer is not None else 0
+    if iterations != position["iterations"]:  # a weights file and metadata from two backups
+        logging.warning("tfdist: the backup's weights are at optimizer step %d, its metadata at "
+                        "%d: resuming at the start of epoch %d.", iterations,
+                        position["iterations"], position["epoch"] + 1)
+        position["steps_done"] = 0
+    model._initial_epoch = position["epoch"] or None
+    callback._tfdist_position = (position["epoch"], position["steps_done"])
+    state.apply_random_state(model)
+    epoch_iterator = _latest_fit_iterator()
+    if epoch_iterator is not None:
+        epoch_iterator._tfdist_replay_to = (position["epoch"], position["steps_done"], state,
+                                            model)
+    set_pending(model, state)
+    if strategy.is_chief:
+        written_by = position["world_size"]
+        print(f"tfdist: resuming from the backup in {callback.backup_dir}: epoch "
+              f"{position['epoch'] + 1} after {position['steps_done']} of its steps (optimizer "
+              f"step {iterations})" + ("" if written_by == strategy.world_size else
+                                       f", written by {written_by} process(es)"), flush=True)
+
+
+def _apply_steering_state(callback_list):
+    """After every callback's `on_train_begin` (which resets them): the backup's state."""
+    model = getattr(callback_list, "model", None)
+    state = pending(model) if model is not None else None
+    if state is None:
+        return
+    clear_pending(model)
+    state.apply_callbacks(callback_list.callbacks)
+    for callback in callback_list.callbacks:
+        if (isinstance(callback, keras.callbacks.EarlyStopping) and callback.restore_best_weights
+                and callback_key(callback, callback_list.callbacks) in state.callbacks):
+            logging.warning("tfdist: EarlyStopping(restore_best_weights=True) resumed without "
+                            "its best weights (a backup holds the current ones): it restores "
+                            "the best weights seen since the resume.")
+
+
+# ---------------------------------------------------------------- the epoch iterator
+def _pull(iterator, count):
+    for _ in range(count):
+        next(iterator)
+
+
+def _replay_to(epoch_iterator, enumerate_epoch, epoch, steps_done, state, model):
+    """Consume the data as the interrupted run did up to the backup, then yield the rest of
+    the resumed epoch's steps (numbered as the uninterrupted run numbers them)."""
+    # pylint: disable=protected-access
+    carries_over = bool(epoch_iterator.steps_per_epoch) or epoch_iterator._num_batches is None
+    for _ in range(epoch):
+        with epoch_iterator.catch_stop_iteration():
+            for begin, end, iterator in enumerate_epoch(epoch_iterator):
+                if carries_over:
+                    _pull(iterator, end - begin + 1)
+    state.apply_metrics(model)  # fit reset the metrics just before this epoch began
+    trained = False
+    for begin, end, iterator in enumerate_epoch(epoch_iterator):
+        if begin < steps_done:
+            _pull(iterator, end - begin + 1)
+            continue
+        trained = True
+        yield begin, end, iterator
+    if not trained:  # the backup was at the epoch's last step: its logs are the metrics'
+        _epochs_without_steps[model] = epoch
+
+
+_epochs_without_steps = weakref.WeakKeyDictionary()  # model -> resumed epoch with no step left
+
+
+def _epoch_logs(callback_list, epoch, logs=None):
+    """A resumed epoch whose steps were all trained before the backup ran no step, so fit's
+    epoch logs lack the loss and metrics: they are the metrics' (restored) results."""
+    model = getattr(callback_list, "model", None)
+    if model is None or _epochs_without_steps.get(model) != epoch:
+        return logs
+    del _epochs_without_steps[model]
+    results = {name: float(value) for name, value in model.get_metrics_result().items()}
+    return {**results, **(logs or {})}
+
+
+def _install_replay():
+    enumerate_epoch = TFEpochIterator._enumerate_iterator  # pylint: disable=protected-access
+
+    @functools.wraps(enumerate_epoch)
+    def enumerate_from_the_backup(self):
+        replay = self.__dict__.pop("_tfdist_replay_to", None)
+        if replay is None:
+            return enumerate_epoch(self)
+        return _replay_to(self, enumerate_epoch, *replay)
+
+    TFEpochIterator._enumerate_iterator = enumerate_from_the_backup  # pylint: disable=protected-access
+
+
+def _preemption_of(callback_list):
+    """The armed preemption notice of the list's model, with the list's backup callback."""
+    strategy = tfdist_strategy(getattr(callback_list, "model", None))
+    if strategy is None or not strategy.extended.preemption.armed:
+        return None, None
+    backups = [c for c in callback_list.callbacks
+               if isinstance(c, keras.callbacks.BackupAndRestore)]
+    return (strategy, backups[0]) if backups else (None, None)
+
+
+def _before_train_batch(callback_list):
+    strategy, _ = _preemption_of(callback_list)
+    if strategy is not None:
+        strategy.extended.agreed_flags.before_step()  # a notice joins the next step
+
+
+def _back_up_if_preempted(callback_list):
+    """After a training step: if any rank had the preemption notice by it, every rank backs
+    up here (the step every rank agreed on), waits for the others and exits with 42."""
+    strategy, callback = _preemption_of(callback_list)
+    if strategy is None or not strategy.extended.preemption.agreed():
+        return
+    callback._save_model()  # pylint: disable=protected-access
+    if strategy.world_size > 1:
+        communicator = strategy.extended.communicator
+        with communicator.expect_progress("the barrier after the preemption backup"):
+            communicator.barrier()
+    strategy.extended.preemption.taken()
+    epoch, steps_done = callback._tfdist_position  # pylint: disable=protected-access
+    if strategy.is_chief:
+        print(f"tfdist: preempted: backed up at epoch {epoch + 1} after {steps_done} of its "
+              f"steps (optimizer step {int(callback.model.optimizer.iterations.numpy())}) in "
+              f"{callback.backup_dir}; every rank exits with code {PREEMPTED_EXIT_CODE}",
+              flush=True)
+    raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
+def _install_callback_list_hooks():
+    """The backup's state after every `on_train_begin`; a resumed epoch's logs; the
+    preemption notice's flag before each training step and its backup after."""
+    callback_list = keras.callbacks.CallbackList
+
+    def wrap(hook, before=None, after=None, logs_of=None):
+        original = getattr(callback_list, hook)
+
+        @functools.wraps(original)
+        def wrapped(self, *args, **kwargs):
+            if before is not None:
+                before(self)
+            if logs_of is not None:  # on_epoch_end(epoch, logs=None)
+                epoch = args[0] if args else kwargs.pop("epoch")
+                logs = args[1] if len(args) > 1 else kwargs.pop("logs", None)
+                args = (epoch, logs_of(self, epoch, logs))
+            result = original(self, *args, **kwargs)
+            if after is not None:
+                after(self)
+            return result
+
+        setattr(callback_list, hook, wrapped)
+
+    wrap("on_train_begin", after=_apply_steering_state)
+    wrap("on_epoch_end", logs_of=_epoch_logs)
+    wrap("on_train_batch_begin", before=_before_train_batch)
+    wrap("on_train_batch_end", after=_back_up_if_preempted)
+
+
+def _armed_while_training(callback, strategy):
+    """Preemption notices are taken from this callback's `on_train_begin` (after the restore)
+    to its `on_train_end` (`preemption`)."""
+    begin, end = callback.on_train_begin, callback.on_train_end
+
+    def on_train_begin(logs=None):
+        begin(logs)
+        strategy.extended.preemption.arm()
+
+    def on_train_end(logs=None):
+        strategy.extended.preemption.disarm()
+        end(logs)
+
+    callback.on_train_begin, callback.on_train_end = on_train_begin, on_train_end
+
+
+def after_fit(model):
+    """`fit` returned or raised: its preemption notices are no longer taken (a fit that raised
+    skipped `on_train_end`)."""
+    strategy = tfdist_strategy(model)
+    if strategy is not None and strategy.extended.preemption.armed:
+        strategy.extended.preemption.disarm()
+
+
+# ----------------------------------------------------------------- the callback list
+def prepare(callbacks, model):
+    """The BackupAndRestore callbacks of a tfdist model's callback list get the policy above
+    (once per callback object, whichever lists it joins)."""
+    strategy = tfdist_strategy(model)
+    if strategy is None:
+        return
+    callbacks = keras.tree.flatten(callbacks) if callbacks else []
+    for callback in callbacks:
+        if not isinstance(callback, keras.callbacks.BackupAndRestore):
+            continue
+        callback._tfdist_callbacks = callbacks  # pylint: disable=protected-access
+        if getattr(callback, "_tfdist_prepared", False):
+            continue
+        callback._tfdist_prepared = True  # pylint: disable=protected-access
+        _track_position(callback)
+        if strategy.is_chief:
+            callback._save_model = functools.partial(  # pylint: disable=protected-access
+                _save_with_training_state, callback, strategy)
+            if strategy.world_size > 1 and keeps_rank_state(strategy):
+                _delete_after_every_rank(callback, strategy)
+        else:
+            _write_own_state_only(callback, strategy)
+        callback.on_train_begin = functools.partial(_restore_and_resume, callback,
+                                                    callback.on_train_begin, strategy)
+        if strategy.extended.remote_updates is None:  # synchronous: preemption notices
+            _armed_while_training(callback, strategy)
+
+
+def install():
+    _install_replay()
+    _install_callback_list_hooks()
