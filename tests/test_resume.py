@@ -49,6 +49,10 @@ CONFIGURATIONS = {
     "ray-restarted": ("ray", signal.SIGKILL, 2, None, "numpy",
                       ["--strategy", "ring", "--pause-after", f"{STOP_AT_STEP}:3"],
                       ["--max-failures", "1"]),
+    # Ctrl-C or a SIGTERM to the launcher reaches every rank: the same backup, exit 42, and no
+    # restart (the launcher itself was told to stop).
+    "sigterm-to-the-launcher": ("tfdist-run", "launcher", 2, 2, "numpy", ["--strategy", "ring"],
+                                ["--max-restarts", "1"]),
     "no-shared-filesystem-killed": ("tfdist-run", signal.SIGKILL, 3, 3, "numpy",
                                     ["--strategy", "ring", "--backup-per-rank"], None),
     "tree-restarted": ("tfdist-run", signal.SIGKILL, 3, None, "numpy", ["--strategy", "tree"],
@@ -69,8 +73,8 @@ def run_to_completion(kind, world, args, launcher):
 
 
 def signal_rank_1_after_the_stop_step(kind, world, args, launcher, signum):
-    """Run the job, send rank 1 `signum` once it has taken step STOP_AT_STEP (in the job's
-    first run only); return (exit code, output)."""
+    """Run the job, send rank 1 `signum` (or the launcher SIGTERM: `signum` "launcher") once
+    it has taken step STOP_AT_STEP (in the job's first run only); return (exit code, output)."""
     if "--pause-after" not in args:  # the test signals rank 1 while it pauses after the step
         args = args + ["--pause-after", f"{STOP_AT_STEP}:0.5"]
     job = start_job(kind, world, args + ["--announce"], run_timeout=RUN_TIMEOUT,
@@ -82,9 +86,12 @@ def signal_rank_1_after_the_stop_step(kind, world, args, launcher, signum):
             seen.append(line)
             match = marker.search(line)
             if match and not killed:
-                os.kill(int(match.group(1)), signum)
+                if signum == "launcher":
+                    os.kill(job.pid, signal.SIGTERM)
+                else:
+                    os.kill(int(match.group(1)), signum)
                 killed = True
-                if not set(RESTARTS) & set(launcher or []):
+                if signum == "launcher" or not set(RESTARTS) & set(launcher or []):
                     break
         rest, _ = job.communicate(timeout=300)  # bounded by the job's own timeout
         seen.append(rest)
@@ -117,13 +124,17 @@ def test_killed_job_resumes_at_the_next_batch_like_an_uninterrupted_run(tmp_path
     command = [script("resume_mid_epoch.py"), resumed, str(tmp_path / "backup"),
                "--input", inputs] + strategy_args
     code, output = signal_rank_1_after_the_stop_step(kind, world, command, launcher, signum)
-    if signum == signal.SIGTERM:  # every rank backed up at one step and exited with 42
+    notice = signum in (signal.SIGTERM, "launcher")
+    if notice:  # every rank backed up at one step and exited with 42
         assert code == PREEMPTED_EXIT_CODE, output[-4000:]
-        assert "rank 1 received SIGTERM" in output and "tfdist: preempted: backed up" in output, \
+        assert "tfdist: preempted: backed up" in output, output[-4000:]
+        assert all(f"rank {rank} received SIGTERM" in output
+                   for rank in ([1] if signum == signal.SIGTERM else range(world))), \
             output[-4000:]
+        assert "restarting the job" not in output, output[-4000:]
     else:
         assert "rank 1" in output and ("exited" in output or "died" in output), output[-3000:]
-    if rerun_world is None:  # the launcher (or Ray Train) restarted the job by itself
+    if rerun_world is None and not notice:  # the launcher (or Ray) restarted the job by itself
         assert code == 0, output[-4000:]
         assert kind != "tfdist-run" or "restarting the job (1 of 1 restarts)" in output, \
             output[-4000:]
@@ -141,7 +152,7 @@ def test_killed_job_resumes_at_the_next_batch_like_an_uninterrupted_run(tmp_path
     # A kill loses the steps after the last backup (every 5 steps); a notice none: it arrives
     # while the ranks pause after step 23, and the next step carries it.
     last_backup = epoch * 12 + steps_done
-    assert (last_backup == STOP_AT_STEP + 1 if signum == signal.SIGTERM
+    assert (last_backup == STOP_AT_STEP + 1 if notice
             else last_backup % 5 == 0 and last_backup <= STOP_AT_STEP + 2), output[-3000:]
     for result in load(resumed, rerun_world):
         assert_resumed_like(plain_runs[inputs], result, epoch)

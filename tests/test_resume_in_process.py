@@ -101,14 +101,16 @@ def test_a_backup_at_an_epochs_last_step_resumes_with_that_epochs_logs(tmp_path,
 
 def test_a_preemption_notice_to_one_rank_backs_up_every_rank_at_the_next_step(tmp_path, plain):
     """Rank 1 of 3 gets the notice after step 22, twice: the next step carries it, so every
-    rank backs up after step 23 and exits with code 42; rerun at 2 ranks, the job goes on
-    at step 24 and ends as the plain script never stopped."""
+    rank backs up after step 23 - mid-epoch, although the backup saves at epoch ends only -
+    and exits with code 42; rerun at 2 ranks, the job goes on at step 24 and ends as the
+    plain script never stopped."""
     reference = plain("numpy")
 
     def preempted(rank):
         try:
             resume_mid_epoch.train(str(tmp_path / "stopped"), str(tmp_path / "backup"), "ring",
-                                   "numpy", notice_at_step=22 if rank == 1 else None)
+                                   "numpy", notice_at_step=22 if rank == 1 else None,
+                                   save_freq="epoch")
         except SystemExit as stop:
             return stop.code
         return "finished"
@@ -117,7 +119,23 @@ def test_a_preemption_notice_to_one_rank_backs_up_every_rank_at_the_next_step(tm
     with open(tmp_path / "backup" / "training_metadata.json") as f:
         position = json.load(f)["tfdist"]["position"]
     assert position["iterations"] == 23 and position["steps_done"] == 11, position
-    resumed = run(tmp_path, "resumed", 2, "tree", "numpy")[0]
+    resumed = run(tmp_path, "resumed", 2, "tree", "numpy", save_freq="epoch")[0]
+    assert_resumed_like(reference, resumed)
+
+
+def test_an_unreadable_backup_is_named_and_the_previous_one_resumes(tmp_path, plain, capsys):
+    """With `double_checkpoint=True` Keras keeps the previous backup (step 15 beside step 20's):
+    the latest one truncated (a disk that lost its end), the chief says so and the job
+    resumes from the previous one, as exactly."""
+    reference = plain("numpy")
+    run(tmp_path, "stopped", 2, "ring", "numpy", stop_at_step=STOP_AT_STEP,
+        double_checkpoint=True)
+    latest = tmp_path / "backup" / "latest.weights.h5"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    resumed = run(tmp_path, "resumed", 2, "ring", "numpy", double_checkpoint=True)[0]
+    output = capsys.readouterr().out
+    assert "cannot be read" in output and "resuming from the previous one" in output, output
+    assert "epoch 2 after 3 of its steps (optimizer step 15)" in output, output
     assert_resumed_like(reference, resumed)
 
 

@@ -92,7 +92,7 @@ def data(kind):
 
 def train(out, backup_dir, strategy_name="ring", inputs="numpy", dropout=False,
           stop_at_step=None, announce=False, backup_per_rank=False, save_freq=SAVE_FREQ,
-          notice_at_step=None, pause=(None, 0.0)):
+          notice_at_step=None, pause=(None, 0.0), double_checkpoint=False):
     """Train (resuming from BACKUP_DIR's backup if there is one); write OUT.rank<R>.npz."""
     strategy = STRATEGIES[strategy_name]()
     rank = strategy.rank if strategy is not None else 0
@@ -108,7 +108,8 @@ def train(out, backup_dir, strategy_name="ring", inputs="numpy", dropout=False,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["sparse_categorical_accuracy"])
     callbacks = [keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=1.0),
-                 keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq)]
+                 keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq,
+                                                  double_checkpoint=double_checkpoint)]
     if stop_at_step is not None or announce:
         callbacks.append(StopAtStep(stop_at_step, rank if announce else None, pause))
     if notice_at_step is not None:

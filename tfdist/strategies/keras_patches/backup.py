@@ -35,6 +35,7 @@ resumes as Keras does, at its epoch's start.
 import functools
 import json
 import threading
+import time
 import weakref
 
 import keras
@@ -169,6 +170,27 @@ def _read_training_state(callback):
         return None
     with tf.io.gfile.GFile(path, "r") as f:
         return TrainingState.from_json(json.loads(f.read()).get("tfdist"))
+
+
+def _load_saying_which_backup(callback):
+    """The chief's `_load_model`: an unreadable backup is named; Keras then falls back to the
+    previous one (`double_checkpoint=True`), or fails with what to do."""
+    # pylint: disable=protected-access
+    load = callback._load_model
+
+    def load_model():
+        try:
+            return load()
+        except OSError as error:
+            if tf.io.gfile.exists(callback._prev_weights_path):
+                print(f"tfdist: the backup in {callback.backup_dir} cannot be read ({error}): "
+                      "resuming from the previous one", flush=True)
+                raise
+            raise OSError(f"tfdist: the backup in {callback.backup_dir} cannot be read "
+                          f"({error}), and there is no previous one to resume from "
+                          "(BackupAndRestore(double_checkpoint=True) keeps one)") from error
+
+    callback._load_model = load_model
 
 
 def _restore_and_resume(callback, restore, strategy, logs=None):
@@ -323,6 +345,7 @@ def _back_up_if_preempted(callback_list):
     strategy, callback = _preemption_of(callback_list)
     if strategy is None or not strategy.extended.preemption.agreed():
         return
+    started = time.monotonic()
     callback._save_model()  # pylint: disable=protected-access
     if strategy.world_size > 1:
         communicator = strategy.extended.communicator
@@ -333,8 +356,8 @@ def _back_up_if_preempted(callback_list):
     if strategy.is_chief:
         print(f"tfdist: preempted: backed up at epoch {epoch + 1} after {steps_done} of its "
               f"steps (optimizer step {int(callback.model.optimizer.iterations.numpy())}) in "
-              f"{callback.backup_dir}; every rank exits with code {PREEMPTED_EXIT_CODE}",
-              flush=True)
+              f"{callback.backup_dir} ({time.monotonic() - started:.2f} s, every rank done); "
+              f"every rank exits with code {PREEMPTED_EXIT_CODE}", flush=True)
     raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
@@ -410,6 +433,7 @@ def prepare(callbacks, model):
         if strategy.is_chief:
             callback._save_model = functools.partial(  # pylint: disable=protected-access
                 _save_with_training_state, callback, strategy)
+            _load_saying_which_backup(callback)
             if strategy.world_size > 1 and keeps_rank_state(strategy):
                 _delete_after_every_rank(callback, strategy)
         else:
