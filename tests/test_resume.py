@@ -49,10 +49,10 @@ CONFIGURATIONS = {
     "ray-restarted": ("ray", signal.SIGKILL, 2, None, "numpy",
                       ["--strategy", "ring", "--pause-after", f"{STOP_AT_STEP}:3"],
                       ["--max-failures", "1"]),
-    # Ctrl-C or a SIGTERM to the launcher reaches every rank: the same backup, exit 42, and no
-    # restart (the launcher itself was told to stop).
-    "sigterm-to-the-launcher": ("tfdist-run", "launcher", 2, 2, "numpy", ["--strategy", "ring"],
-                                ["--max-restarts", "1"]),
+    # A SIGTERM to the launcher reaches every worker (the servers are stopped after them): the
+    # same backup, exit 42, and no restart (the launcher itself was told to stop).
+    "sigterm-to-the-launcher-ps": ("tfdist-run", "launcher", 2, 2, "numpy", ["--strategy", "ps"],
+                                   ["--num-servers", "1", "--max-restarts", "1"]),
     "no-shared-filesystem-killed": ("tfdist-run", signal.SIGKILL, 3, 3, "numpy",
                                     ["--strategy", "ring", "--backup-per-rank"], None),
     "tree-restarted": ("tfdist-run", signal.SIGKILL, 3, None, "numpy", ["--strategy", "tree"],

@@ -75,14 +75,15 @@ def assert_resumed_like(reference, resumed, epoch=1):
     # A seeded tf.data shuffle, reshuffled each epoch (make test-all; make test resumes an
     # unseeded one in test_resume.py).
     pytest.param("tfdata", 2, 3, marks=pytest.mark.slow),
+    ("pydataset", 2, 3),  # reshuffled by its own generator in on_epoch_end
 ])
 def test_a_run_stopped_mid_epoch_resumes_at_the_next_batch_at_another_size(
         tmp_path, plain, inputs, stopped_world, resumed_world):
     reference = plain(inputs)
     stopped = run(tmp_path, "stopped", stopped_world, "ring", inputs, stop_at_step=STOP_AT_STEP)
     assert stopped == [None] * stopped_world
-    resumed = run(tmp_path, "resumed", resumed_world,
-                  "tree" if inputs == "numpy" else "ring", inputs)
+    resumed = run(tmp_path, "resumed", resumed_world, "tree" if inputs == "numpy" else "ring",
+                  inputs)
     for rank_result in resumed:
         assert_resumed_like(reference, rank_result)
     assert not os.path.exists(tmp_path / "backup")  # deleted at the end of the finished fit

@@ -1,7 +1,7 @@
 """Worker script: a shuffled fit backed up every 5 steps, stopped mid-epoch and resumed.
 
     python resume_mid_epoch.py OUT BACKUP_DIR [--strategy plain|ring|tree|ps]
-        [--backend auto|horovod] [--input numpy|tfdata|tfdata-unseeded] [--dropout]
+        [--backend auto|horovod] [--input numpy|tfdata|tfdata-unseeded|pydataset] [--dropout]
         [--stop-at-step S] [--announce [--pause-after STEP:SECONDS]] [--backup-per-rank]
 
 or `train(...)` on each simulated rank (test_resume_in_process.py).
@@ -15,7 +15,8 @@ after the third epoch, only if its state survives a resume) and the user's
 epoch of a global batch of 32 (the last batch 8 rows: some ranks' slices
 are empty), shuffled each epoch: NumPy arrays (`shuffle=True`), or a
 `tf.data` pipeline reshuffled each iteration with a seed (or with
-TensorFlow's global seed only). `--stop-at-step S` raises on every rank
+TensorFlow's global seed only), or a `PyDataset` that reshuffles its rows
+with its own generator after every epoch. `--stop-at-step S` raises on every rank
 once the optimizer has taken S steps (a kill, as far as the backup
 knows); `notice_at_step` gives a rank the preemption notice after step S; `--announce` prints "rank R pid P step S" after each step (so a
 test can kill a process mid-epoch). Every rank writes OUT.rank<R>.npz:
@@ -79,12 +80,34 @@ class StopAtStep(keras.callbacks.Callback):
             raise Stopped(f"stopped at step {taken}")
 
 
+class ShuffledBatches(keras.utils.PyDataset):
+    """The rows in an order the dataset's own generator draws anew after every epoch."""
+
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+        self.rng = np.random.default_rng(3)
+        self.order = self.rng.permutation(len(x))
+
+    def __len__(self):
+        return -(-len(self.x) // BATCH)
+
+    def __getitem__(self, index):
+        rows = self.order[index * BATCH:(index + 1) * BATCH]
+        return self.x[rows], self.y[rows]
+
+    def on_epoch_end(self):
+        self.order = self.rng.permutation(len(self.x))
+
+
 def data(kind):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(ROWS, 8)).astype("float32")
     y = (np.argmax(x[:, :3] + 0.3 * rng.normal(size=(ROWS, 3)), axis=1)).astype("int32")
     if kind == "numpy":
         return {"x": x, "y": y, "batch_size": BATCH, "shuffle": True}
+    if kind == "pydataset":
+        return {"x": ShuffledBatches(x, y), "shuffle": False}
     seed = None if kind == "tfdata-unseeded" else 7
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(ROWS, seed=seed).batch(BATCH)
     return {"x": dataset}
@@ -134,7 +157,7 @@ def main(argv=None):
     parser.add_argument("out")
     parser.add_argument("backup_dir")
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ring")
-    parser.add_argument("--input", choices=["numpy", "tfdata", "tfdata-unseeded"],
+    parser.add_argument("--input", choices=["numpy", "tfdata", "tfdata-unseeded", "pydataset"],
                         default="numpy")
     parser.add_argument("--dropout", action="store_true")
     parser.add_argument("--stop-at-step", type=int)

@@ -93,13 +93,19 @@ class ProcessGroup:
                                              output_filter=self._output_filter))
 
     def forward_signals(self):
-        """Relay SIGINT/SIGTERM to every child instead of dying silently."""
+        """Relay SIGINT/SIGTERM to every worker instead of dying silently.
+
+        Parameter servers are not signalled: the workers may still need them to finish
+        a step (a preemption notice backs up after the next one, `tfdist.strategies.
+        preemption`); `wait` stops them once the workers have exited.
+        """
 
         def handler(signum, _frame):
             self._stop_signal = signum
             self._log(f"received {signal.Signals(signum).name}, stopping all processes")
             for proc in self.processes:
-                proc.signal_group(signum)
+                if not proc.label.startswith("s"):
+                    proc.signal_group(signum)
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)

@@ -19,9 +19,10 @@ The user's unchanged `BackupAndRestore(dir, save_freq=N | "epoch")`:
   epochs' iterators are created and their data-adapter hooks called, as the
   run did (a reshuffling `tf.data` pipeline draws its order from its
   iterator count; `PyDataset.on_epoch_end` reshuffles), without reading
-  their batches unless the input carries over epochs (`steps_per_epoch`, a
-  generator, an unknown length); the resumed epoch's trained batches are
-  read and dropped. The seed and metric state and the callbacks' state are
+  their batches unless the input carries over epochs (`steps_per_epoch`, an
+  unknown length) or is made in Python (a generator, a `PyDataset`: its
+  order may come from Python's state as it is read); the resumed epoch's
+  trained batches are read and dropped. The seed and metric state and the callbacks' state are
   then those of the backup's moment: the resumed run's weights and
   post-resume history are the uninterrupted run's.
 
@@ -42,6 +43,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
+from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
+from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
 from tfdist import cluster as cluster_lib
 from tfdist.strategies import rank_state
@@ -62,6 +65,10 @@ STEERING_STATE = (
 )
 
 _fit_iterators = threading.local()  # the epoch iterator of this thread's latest fit
+# Inputs made in Python: an epoch's order may come from Python's state as its batches are read
+# (Keras shuffles a PyDataset's batches with `random` when its generator starts), so a replay
+# reads their finished epochs too.
+_PYTHON_INPUTS = (GeneratorDataAdapter, PyDatasetAdapter)
 
 
 def record_fit_iterator(epoch_iterator):
@@ -278,7 +285,8 @@ def _replay_to(epoch_iterator, enumerate_epoch, epoch, steps_done, state, model)
     """Consume the data as the interrupted run did up to the backup, then yield the rest of
     the resumed epoch's steps (numbered as the uninterrupted run numbers them)."""
     # pylint: disable=protected-access
-    carries_over = bool(epoch_iterator.steps_per_epoch) or epoch_iterator._num_batches is None
+    carries_over = (bool(epoch_iterator.steps_per_epoch) or epoch_iterator._num_batches is None
+                    or isinstance(epoch_iterator.data_adapter, _PYTHON_INPUTS))
     for _ in range(epoch):
         with epoch_iterator.catch_stop_iteration():
             for begin, end, iterator in enumerate_epoch(epoch_iterator):
