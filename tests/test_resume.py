@@ -36,8 +36,8 @@ CONFIGURATIONS = {
     #        arguments)
     "ring-restarted": ("tfdist-run", signal.SIGKILL, 3, None, "numpy", ["--strategy", "ring"],
                        ["--max-restarts", "1"]),
-    "ps-dedicated": ("tfdist-run", signal.SIGKILL, 2, 2, "numpy", ["--strategy", "ps"],
-                     ["--num-servers", "1"]),
+    "ps-dedicated-2-to-3": ("tfdist-run", signal.SIGKILL, 2, 3, "numpy", ["--strategy", "ps"],
+                            ["--num-servers", "1"]),
     # A preemption notice to one rank: every rank backs up at the next step and exits with 42.
     # Only the chief's backup directory has files (as without a shared filesystem): it
     # restores and the others follow it; the input is shuffled by TensorFlow's global seed.
@@ -60,7 +60,7 @@ CONFIGURATIONS = {
     "ring-horovod": ("horovodrun", signal.SIGKILL, 2, 2, "numpy",
                      ["--strategy", "ring", "--backend", "horovod"], None),
 }
-FAST = ("ring-restarted", "ps-dedicated", "sigterm-no-shared-filesystem-3-to-2",
+FAST = ("ring-restarted", "ps-dedicated-2-to-3", "sigterm-no-shared-filesystem-3-to-2",
         "ray-restarted")
 RESTARTS = ("--max-restarts", "--max-failures")
 RESUMED_AT = re.compile(r"resuming from the backup in \S+: epoch (\d+) after (\d+) of its steps")
