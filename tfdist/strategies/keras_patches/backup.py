@@ -139,14 +139,15 @@ def _write_own_state_only(callback, strategy):
     def on_train_end(logs=None):
         rank_state.remove(callback._weights_path, strategy)
         if keeps_rank_state(strategy):  # the chief deletes the backup after this barrier
-            _barrier_before_deleting_the_backup(strategy)
+            _barrier(strategy, "before deleting the backup")
 
     callback.on_train_end = on_train_end  # assigned, not wrapped: the same on every call
 
 
-def _barrier_before_deleting_the_backup(strategy):
+def _barrier(strategy, what):
+    """Every rank waits for the others (bounded by the job timeout, naming `what`)."""
     communicator = strategy.extended.communicator
-    with communicator.expect_progress("the barrier before deleting the backup"):
+    with communicator.expect_progress(f"the barrier {what}"):
         communicator.barrier()
 
 
@@ -162,7 +163,7 @@ def _delete_after_every_rank(callback, strategy):
     end = callback.on_train_end
 
     def after_every_rank(logs=None):
-        _barrier_before_deleting_the_backup(strategy)
+        _barrier(strategy, "before deleting the backup")
         end(logs)
 
     callback.on_train_end = after_every_rank
@@ -356,9 +357,7 @@ def _back_up_if_preempted(callback_list):
     started = time.monotonic()
     callback._save_model()  # pylint: disable=protected-access
     if strategy.world_size > 1:
-        communicator = strategy.extended.communicator
-        with communicator.expect_progress("the barrier after the preemption backup"):
-            communicator.barrier()
+        _barrier(strategy, "after the preemption backup")
     strategy.extended.preemption.taken()
     epoch, steps_done = callback._tfdist_position  # pylint: disable=protected-access
     if strategy.is_chief:
