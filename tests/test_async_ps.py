@@ -1,11 +1,16 @@
-"""Asynchronous parameter server (Downpour) and SSP: no update lost, staleness bounded, trains."""
+"""Asynchronous parameter server (Downpour) and SSP: no update lost, staleness bounded, trains,
+backs up the servers' optimizer state, takes a preemption notice."""
 
 import json
+import os
+import re
+import signal
 
 import numpy as np
 import pytest
 
-from helpers import failure_report, horovodrun, script, tfdist_run
+from helpers import failure_report, horovodrun, script, start_job, tfdist_run
+from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
 
 TOLERANCE = 1e-5
 
@@ -81,6 +86,43 @@ def test_a_dead_worker_lets_the_others_finish_and_fails_the_job_at_the_end(tmp_p
             survivors.append(json.load(f))
     assert len(survivors[0]["history"]["loss"]) == 4  # every epoch ran
     assert survivors[0]["evaluate"] == survivors[1]["evaluate"]
+
+
+def test_a_notice_backs_up_the_servers_optimizer_state_and_the_rerun_continues_it(tmp_path):
+    """SIGTERM to worker 1 of 2 (SSP, a dedicated server) mid-epoch: the flag rides its next
+    push, worker 0 gets it with its next pull, both stop, the chief backs up the servers'
+    parameters, momentum and step count, every worker exits 42. The same command again
+    resumes: with every push carrying the same gradient, the weights end where the servers'
+    step count of that optimizer ends only if the momentum and the schedule's step survived
+    (without them they end 3.1 away)."""
+    prefix, backup = str(tmp_path / "async"), str(tmp_path / "backup")
+    command = [script("async_training.py"), prefix, "momentum", "--backup", backup,
+               "--staleness", "1"]
+    launcher = ["--num-servers", "1"]
+    job = start_job("tfdist-run", 2, command + ["--announce"], run_timeout=60, launcher=launcher)
+    seen, signalled = [], False
+    try:
+        for line in job.stdout:
+            seen.append(line)
+            match = re.search(r"rank 1 pid (\d+) step 10\b", line)
+            if match and not signalled:
+                os.kill(int(match.group(1)), signal.SIGTERM)
+                signalled = True
+        job.wait(timeout=120)
+    finally:
+        job.kill()
+    output = "".join(seen)
+    assert job.returncode == PREEMPTED_EXIT_CODE, output[-4000:]
+    assert "rank 1 received SIGTERM" in output, output[-4000:]
+    assert "tfdist: preempted: backed up at epoch 2" in output, output[-4000:]
+    done = tfdist_run(2, command, timeout=600, run_timeout=60, launcher=launcher)
+    assert done.returncode == 0, failure_report(done)
+    assert "resuming from the backup" in done.stdout, failure_report(done)
+    for rank in range(2):
+        with open(f"{prefix}.rank{rank}.json") as f:
+            result = json.load(f)
+        assert result["server_steps"] > 2 * 3 * 8 - 2 * 10  # the backup's steps are counted
+        np.testing.assert_allclose(result["weights"], result["expected"], atol=TOLERANCE)
 
 
 @pytest.mark.horovod

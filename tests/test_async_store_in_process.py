@@ -5,7 +5,9 @@ tf.functions, called here directly (the RPC runtime only carries them). So
 the store's guarantees are checked in seconds: every push applied once with
 the rate it carried, a pull's version the slowest worker's clock, the SSP
 gate opening exactly when the slowest worker is within tau, a worker that
-left or died no longer waited for, barriers releasing every live worker.
+left or died no longer waited for, barriers releasing every live worker, a
+backup's optimizer state read and set by slot name, a worker's flag reaching
+every other worker's pulls.
 """
 
 import json
@@ -41,20 +43,24 @@ def store():
     store.stop(timeout=10)
 
 
-def push(store, worker, step, gradients, rate, pieces=1):
+def push(store, worker, step, gradients, rate, pieces=1, flags=0):
     parts = np.array_split(np.asarray(gradients, "float32"), pieces)
     for index, part in enumerate(parts):
         store.calls["async_push"](tf.constant(SET), tf.constant(worker), tf.constant(step, tf.int64),
                                   tf.constant(rate), tf.constant(part),
-                                  tf.constant(index == len(parts) - 1))
+                                  tf.constant(index == len(parts) - 1),
+                                  tf.constant(flags, tf.int64))
 
 
-def pull(store, worker, piece_elements=1 << 20):
-    version, values = store.calls["async_pull"](tf.constant(SET), tf.constant(worker),
-                                                tf.constant(piece_elements, tf.int64))
+def pull(store, worker, piece_elements=1 << 20, with_flags=False, method="async_pull",
+         extra=(), size=len(INITIAL)):
+    version, values, flags = store.calls[method](tf.constant(SET), tf.constant(worker),
+                                                 tf.constant(piece_elements, tf.int64), *extra)
     pieces = [values.numpy()]
-    while sum(len(p) for p in pieces) < len(INITIAL):
+    while sum(len(p) for p in pieces) < size:
         pieces.append(store.calls["async_pull_more"](tf.constant(worker))[1].numpy())
+    if with_flags:
+        return int(version), np.concatenate(pieces), int(flags)
     return int(version), np.concatenate(pieces)
 
 
@@ -129,9 +135,71 @@ def test_a_push_to_a_set_nobody_set_up_is_a_named_error():
     store = AsyncParameterStore("server 1", num_workers=1)
     store.start()
     store.methods()["async_push"](tf.constant(9), tf.constant(0), tf.constant(0, tf.int64),
-                                  tf.constant(0.1), tf.constant([1.0]), tf.constant(True))
+                                  tf.constant(0.1), tf.constant([1.0]), tf.constant(True),
+                                  tf.constant(0, tf.int64))
     deadline = time.monotonic() + 10
     while store.error is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "worker rank 0 used parameter set 9 before the chief set it up" in store.error
     store.stop(timeout=10)
+
+
+MOMENTUM_SPEC = {"variables": [[[2, 2], "float32", "dense_kernel"], [[1], "float32", "dense_bias"]],
+                 "optimizer": keras.optimizers.serialize(
+                     keras.optimizers.SGD(learning_rate=0.5, momentum=0.9))}
+SLOTS = ["dense_kernel_momentum", "dense_bias_momentum"]
+
+
+def set_up(store, spec, values):
+    store.calls["async_setup"](tf.constant(SET), tf.constant(0), tf.constant(json.dumps(spec)),
+                               tf.constant(np.asarray(values, "float32")), tf.constant(True))
+
+
+def test_a_backup_reads_the_optimizer_state_by_slot_name_and_a_resume_sets_it():
+    """The chief's backup reads the parameters, the named slots and the step count at one
+    moment (in pieces); a resuming chief's set-up - on fresh servers or on servers that kept
+    running - sets them, so the next push continues the momentum; a slot the server lacks
+    is answered with NO_STATE, not an error."""
+    from tfdist.aggregation.parameter_server.async_store import NO_STATE
+
+    store = AsyncParameterStore("server 0", num_workers=1)
+    store.start()
+    store.calls = store.methods()
+    set_up(store, MOMENTUM_SPEC, INITIAL)
+    push(store, 0, 0, [1, 1, 1, 1, 1], rate=0.5)
+    push(store, 0, 1, [1, 1, 1, 1, 1], rate=0.5)
+    names = tf.constant(json.dumps({"slots": SLOTS}))
+    steps, state = pull(store, 0, piece_elements=3, method="async_state", extra=[names],
+                        size=10)
+    assert steps == 2
+    velocity = -0.5 - 0.9 * 0.5  # two pushes of 1 at rate 0.5, momentum 0.9
+    np.testing.assert_allclose(state[:5], INITIAL - 0.5 - 0.95, rtol=1e-6)
+    np.testing.assert_allclose(state[5:], [velocity] * 5, rtol=1e-6)
+    missing = tf.constant(json.dumps({"slots": ["no_such_slot"]}))
+    assert pull(store, 0, method="async_state", extra=[missing])[0] == NO_STATE
+    push(store, 0, 2, [1, 1, 1, 1, 1], rate=0.5)
+    after_three = pull(store, 0)[1]
+    assert store.error is None, store.error
+    store.stop(timeout=10)
+
+    resumed_spec = dict(MOMENTUM_SPEC, state={"iterations": steps, "slots": SLOTS})
+    for fresh in (True, False):
+        again = AsyncParameterStore("server 0", num_workers=1)
+        again.start()
+        again.calls = again.methods()
+        if not fresh:  # servers that kept running: the set exists, the chief sets it again
+            set_up(again, MOMENTUM_SPEC, np.zeros(5))
+        set_up(again, resumed_spec, state)
+        push(again, 0, 0, [1, 1, 1, 1, 1], rate=0.5)
+        np.testing.assert_allclose(pull(again, 0)[1], after_three, rtol=1e-6)
+        assert pull(again, 0, method="async_state", extra=[names], size=10)[0] == steps + 1
+        assert again.error is None, again.error
+        again.stop(timeout=10)
+
+
+def test_a_flag_one_worker_pushes_reaches_every_workers_pulls(store):
+    assert pull(store, 1, with_flags=True)[2] == 0
+    push(store, 0, 0, [0] * 5, rate=0.5, flags=1)  # worker 0 had the preemption notice
+    assert [pull(store, w, with_flags=True)[2] for w in range(3)] == [1, 1, 1]
+    push(store, 1, 0, [0] * 5, rate=0.5)  # a later push without it does not lower it
+    assert pull(store, 2, piece_elements=2, with_flags=True)[2] == 1

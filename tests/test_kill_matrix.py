@@ -17,6 +17,13 @@ error is printed by tests/scripts/ray_train_job.py).
 Killing `tfdist-run` itself ends its processes (the kernel SIGTERMs them);
 they have no terminal left to explain it to, so only "nothing left behind"
 is checked. The fast cases run in `make test`, the rest in `make test-all`.
+
+The restart column (`make test-all`; `make test` restarts a killed ring job
+in test_resume.py): each `tfdist-run` case of a synchronous strategy again,
+with `BackupAndRestore` in the script and `--max-restarts 1`: the job
+restarts by itself, resumes from the backup (or from the beginning where
+it died before one) and ends with the weights of the plain script run
+once, never killed (1e-4).
 """
 
 import os
@@ -24,10 +31,12 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 import keras
+import numpy as np
 import pytest
 
 from helpers import case_parameters, require_launcher, script, start_job, tf_config_job
@@ -83,12 +92,17 @@ FAST = ("worker-mid-step", "chief-during-save", "worker-during-evaluate-tf-confi
         "mpirun-worker-mid-step", "srun-worker-mid-step")
 # ray-worker-mid-step: make test-all; make test kills a Ray Train worker in test_resume.py
 # (ray-restarted: Ray restarts the run and it resumes).
+# The restart column: the tfdist-run cases of synchronous strategies (tfdist-run restarts).
+RESTART_CASES = tuple(name for name, case in CASES.items()
+                      if case[0] == "tfdist-run" and case[4] != "launcher"
+                      and "ps-async" not in case[3])
 
 
 class Job:
     """The processes of one case and their merged output, read line by line."""
 
-    def __init__(self, launcher, workers, servers, args, run_timeout=RUN_TIMEOUT):
+    def __init__(self, launcher, workers, servers, args, run_timeout=RUN_TIMEOUT,
+                 extra_launcher=None):
         self.output = []
         if launcher == "tf-config":
             procs, self.workers, self.servers = tf_config_job(
@@ -96,7 +110,7 @@ class Job:
             self.processes = list(procs.values())
             self.streams = list(procs.values())
         else:
-            extra = ["--num-servers", str(servers)] if servers else None
+            extra = (["--num-servers", str(servers)] if servers else []) + (extra_launcher or [])
             self.processes = [start_job(launcher, workers, args, run_timeout, extra)]
             self.streams = self.processes
         self.launcher_pid = self.processes[0].pid if launcher != "tf-config" else None
@@ -151,6 +165,21 @@ def survivors(tag, ceiling=60.0):
         time.sleep(0.2)
 
 
+def kill_when_reached(job, victim, phase):
+    """SIGKILL `victim` (or the launcher) when it (a server or the launcher: rank 0) announces
+    `phase`; returns the pid killed (None: never reached)."""
+    pids, killed = {}, None
+    trigger = "rank 0" if victim == "launcher" or victim.startswith("server") else victim
+    for line in job.lines():
+        for match in MARKER.finditer(line):
+            who, pid, reached = match.group(1), int(match.group(2)), match.group(3)
+            pids[who] = pid
+            if killed is None and who == trigger and reached == phase:
+                killed = job.launcher_pid if victim == "launcher" else pids[victim]
+                os.kill(killed, signal.SIGKILL)
+    return killed
+
+
 @pytest.mark.parametrize("case", case_parameters(CASES, FAST,
                                                   lambda name: CASES[name][0] in (
                                                       "horovodrun", "mpirun", "srun")))
@@ -160,17 +189,8 @@ def test_sigkill_fails_the_job_cleanly(tmp_path, case):
         require_launcher(launcher)
     args = [script("kill_target.py"), str(tmp_path)] + strategy_args
     job = Job(launcher, workers, servers, args, RUN_TIMEOUTS.get(case, RUN_TIMEOUT))
-    pids, killed = {}, None
     try:
-        # A server or the launcher is killed when rank 0 reaches the phase.
-        trigger = "rank 0" if victim == "launcher" or victim.startswith("server") else victim
-        for line in job.lines():
-            for match in MARKER.finditer(line):
-                who, pid, reached = match.group(1), int(match.group(2)), match.group(3)
-                pids[who] = pid
-                if killed is None and who == trigger and reached == phase:
-                    killed = job.launcher_pid if victim == "launcher" else pids[victim]
-                    os.kill(killed, signal.SIGKILL)
+        killed = kill_when_reached(job, victim, phase)
         codes = job.wait()
     finally:
         job.kill_all()
@@ -187,3 +207,43 @@ def test_sigkill_fails_the_job_cleanly(tmp_path, case):
     checkpoint = tmp_path / "ckpt.keras"
     if checkpoint.exists():
         keras.saving.load_model(checkpoint, compile=False)  # a torn file fails to load
+
+
+@pytest.fixture(scope="module")
+def never_killed(tmp_path_factory):
+    """The plain script (no tfdist) with the restart column's options, run once: its weights."""
+    directory = tmp_path_factory.mktemp("plain")
+    subprocess.run([sys.executable, script("kill_target.py"), str(directory), "--strategy",
+                    "plain", "--backup", "--step-delay", "0"], check=True, timeout=300,
+                   capture_output=True)
+    with np.load(directory / "weights.rank0.npz") as weights:
+        return [weights[key] for key in sorted(weights.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", RESTART_CASES)
+def test_sigkill_under_max_restarts_resumes_like_the_run_never_killed(tmp_path, case,
+                                                                      never_killed):
+    _, workers, servers, strategy_args, victim, phase, message = CASES[case]
+    args = [script("kill_target.py"), str(tmp_path), "--backup"] + strategy_args
+    job = Job("tfdist-run", workers, servers, args, RUN_TIMEOUT,
+              extra_launcher=["--max-restarts", "1"])
+    try:
+        killed = kill_when_reached(job, victim, phase)
+        codes = job.wait()
+    finally:
+        job.kill_all()
+    output = "".join(job.output)
+    assert killed is not None, f"{victim} never reached {phase}:\n{output[-3000:]}"
+    assert codes == [0], (codes, output[-3000:])
+    assert message in output and "restarting the job (1 of 1 restarts)" in output, output[-4000:]
+    # Killed before the first backup, or after fit deleted it (evaluate): from the beginning.
+    expected = "no backup in" if phase in ("start", "evaluate") else "resuming from the backup"
+    assert expected in output, output[-4000:]
+    assert not survivors(str(tmp_path)), f"left behind: {survivors(str(tmp_path), 0)}"
+    for rank in range(workers):
+        with np.load(tmp_path / f"weights.rank{rank}.npz") as weights:
+            final = [weights[key] for key in sorted(weights.files,
+                                                    key=lambda k: int(k.split("_")[1]))]
+        for mine, reference in zip(final, never_killed):
+            np.testing.assert_allclose(mine, reference, atol=1e-4, rtol=0)

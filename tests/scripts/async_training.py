@@ -8,9 +8,18 @@
   python async_training.py OUT real [--staleness TAU]
       An MLP with Adam on a synthetic classification task: fit (with
       validation), evaluate, predict and save on the chief.
+  python async_training.py OUT momentum --backup DIR [--staleness TAU] [--announce]
+      The linear model on rows that are all alike, so every push carries the
+      same gradient, with SGD + momentum on a cosine schedule and
+      `BackupAndRestore(DIR, save_freq=4)`: wherever and whenever the pushes
+      are applied, the weights end where n steps of that optimizer on one
+      variable end, n being the servers' step count - across a backup and a
+      resume only if the servers' momentum and step count were restored.
 
 --straggler RANK: that worker sleeps STRAGGLER_SECONDS per batch.
 --die RANK: that worker kills itself (SIGKILL) in the second epoch.
+--announce: print "rank R pid P step S" after each step, and pause 0.5 s after
+step ANNOUNCE_PAUSE_STEP (time for a test to signal it).
 """
 
 import argparse
@@ -29,6 +38,7 @@ import tfdist  # noqa: E402
 
 STRAGGLER_SECONDS = 0.05
 ROWS, FEATURES, BATCH, EPOCHS, RATE = 96, 4, 12, 3, 0.1
+ANNOUNCE_PAUSE_STEP = 10
 
 
 class Straggler(keras.callbacks.Callback):
@@ -53,6 +63,18 @@ class Die(keras.callbacks.Callback):
         if self.dies and self.epoch == 1 and batch == 2:
             print("dying on purpose", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Announce(keras.callbacks.Callback):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def on_train_batch_end(self, batch, logs=None):
+        taken = int(self.model.optimizer.iterations.numpy())
+        print(f"rank {self.rank} pid {os.getpid()} step {taken}", flush=True)
+        if taken == ANNOUNCE_PAUSE_STEP:
+            time.sleep(0.5)
 
 
 class Linear(keras.layers.Layer):
@@ -81,6 +103,30 @@ def constant(strategy, callbacks):
             "expected": expected.tolist(), "history": history.history}
 
 
+def momentum(strategy, callbacks, backup):
+    def optimizer():
+        return keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(
+            RATE, decay_steps=2 * EPOCHS * ROWS // BATCH), momentum=0.9)
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)), Linear()])
+        model.compile(optimizer=optimizer(), loss=mean_output)
+    x = np.full((ROWS, FEATURES), 0.5, "float32")
+    history = model.fit(x, np.zeros((ROWS, 1), "float32"), batch_size=BATCH, epochs=EPOCHS,
+                        shuffle=False, verbose=0, callbacks=callbacks + [
+                            keras.callbacks.BackupAndRestore(backup, save_freq=4)])
+    # The servers' step count; then n steps of the optimizer on one variable, each with the
+    # gradient a push carries (the mean row, weighted by 1 / P).
+    steps = sum(strategy.extended.remote_updates.fetch_state(model.optimizer)["iterations"])
+    variable = keras.Variable(np.ones((FEATURES, 1), "float32"))
+    alone = optimizer()
+    gradient = tf.constant(np.full((FEATURES, 1), 0.5 / strategy.world_size, "float32"))
+    for _ in range(steps):
+        alone.apply([gradient], [variable])
+    return {"weights": model.get_weights()[0].ravel().tolist(), "server_steps": steps,
+            "expected": variable.numpy().ravel().tolist(), "history": history.history}
+
+
 def real(strategy, callbacks):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(480, 8)).astype("float32")
@@ -104,7 +150,9 @@ def real(strategy, callbacks):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("job", choices=["constant", "real"])
+    parser.add_argument("job", choices=["constant", "real", "momentum"])
+    parser.add_argument("--backup")
+    parser.add_argument("--announce", action="store_true")
     parser.add_argument("--staleness", default="none")
     parser.add_argument("--straggler", type=int, default=-1)
     parser.add_argument("--staleness-aware", action="store_true")
@@ -116,7 +164,12 @@ def main():
                  Straggler(strategy.rank == args.straggler), Die(strategy.rank == args.die)]
     if args.staleness_aware:
         callbacks.append(tfdist.callbacks.StalenessAwareLearningRate())
-    result = (constant if args.job == "constant" else real)(strategy, callbacks)
+    if args.announce:
+        callbacks.append(Announce(strategy.rank))
+    if args.job == "momentum":
+        result = momentum(strategy, callbacks, args.backup)
+    else:
+        result = (constant if args.job == "constant" else real)(strategy, callbacks)
     result["rank"] = strategy.rank
     aggregator = strategy.extended.aggregator  # one worker and no server: nothing to ask
     result["server_stats"] = (aggregator.server_stats() if isinstance(

@@ -1,6 +1,6 @@
 """Worker script: a shuffled fit backed up every 5 steps, stopped mid-epoch and resumed.
 
-    python resume_mid_epoch.py OUT BACKUP_DIR [--strategy plain|ring|tree|ps]
+    python resume_mid_epoch.py OUT BACKUP_DIR [--strategy plain|ring|tree|ps|async]
         [--backend auto|horovod] [--input numpy|tfdata|tfdata-unseeded|pydataset] [--dropout]
         [--stop-at-step S] [--announce [--pause-after STEP:SECONDS]] [--backup-per-rank]
 
@@ -44,6 +44,7 @@ STRATEGIES = {
     "ring": tfdist.strategies.RingAllReduceStrategy,
     "tree": lambda: tfdist.strategies.ReductionTreeStrategy(fanout=2),
     "ps": tfdist.strategies.ParameterServerStrategy,
+    "async": lambda: tfdist.strategies.ParameterServerStrategy(mode="async"),
 }
 
 

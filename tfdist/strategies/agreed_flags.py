@@ -9,6 +9,13 @@ a flag raised on any rank is seen by all of them, after the same step,
 with no collective added. One process runs Keras' own step (nothing is
 summed): its own flags are the agreed ones.
 
+The asynchronous parameter server's workers are not in step and share no
+collective: a worker's push carries its raised flags to the servers as
+bits (`step_bits`), and every pull reply carries the bits any worker
+pushed (`async_store`); a step's agreed flags are this worker's own and
+those its pull brought (`absorb_bits`). A flag raised on one worker is
+then seen by every worker at its next step after the one that pushed it.
+
 Cost: `len(NAMES)` floats in every training step's all-reduce; one
 variable read after a step, only where a flag is watched.
 """
@@ -63,6 +70,18 @@ class AgreedFlags:
     def absorb(self, summed):
         """Store the step's sums of every rank's flags; the assignment op."""
         return self._agreed.assign(summed)
+
+    def step_bits(self):
+        """This rank's flags as the bits of an int64 (bit i: flag i), for a push."""
+        raised = tf.cast(self._local.read_value() > 0, tf.int64)
+        return tf.reduce_sum(raised * tf.constant([1 << i for i in range(len(NAMES))], tf.int64))
+
+    def absorb_bits(self, bits):
+        """Store this rank's flags joined with the bits the servers sent; the assignment op."""
+        pulled = tf.cast(tf.bitwise.bitwise_and(
+            tf.bitwise.right_shift(tf.cast(bits, tf.int64), tf.range(len(NAMES), dtype=tf.int64)),
+            1), tf.float32)
+        return self._agreed.assign(tf.maximum(self._local.read_value(), pulled))
 
     # ---------------------------------------------------------------- after a step
     def agreed(self, index):

@@ -13,7 +13,9 @@ add the async callbacks and route the optimizer's `apply` to `push_gradients`):
   sliced; `epoch_data_scope`) on the servers' current parameters, alone: no
   collective a dead worker could block;
 * stop flags stay each worker's own and ranks' data is not compared (both
-  would be collectives between workers that are not in step).
+  would be collectives between workers that are not in step);
+* agreed flags (a preemption notice) ride the step's push and pull
+  (`agreed_flags`): each worker acts on a notice after its next step.
 
 Cost per step: one pull and one push per server (n / K bytes each way for n
 bytes of parameters over K servers), one gate message with SSP.
@@ -97,6 +99,8 @@ class AsynchronousExtended(DataParallelExtended):
         with tf.name_scope(communication_scope("ps_async", "pull")):
             pulls = counters.timed([], lambda: self.remote_updates.begin_step(*parameter_set),
                                    payload_bytes=pull_bytes, sent_bytes=0)
+        with tf.control_dependencies(pulls):
+            pulls = list(pulls) + [self.agreed_flags.absorb_bits(self.remote_updates.pulled_flags)]
         local_rows = batch_rows(args)
         step = replica_step.ReplicaStep(
             local_rows, tf.cast(local_rows, tf.float32) * self._cluster.world_size,
@@ -135,7 +139,8 @@ class AsynchronousExtended(DataParallelExtended):
         counters.count_server_bytes(by_server)
         with tf.name_scope(communication_scope("ps_async", "push")):
             pushed = counters.timed(grads, lambda: self.remote_updates.push(
-                set_id, set_variables, servers, grads, optimizer.learning_rate),
+                set_id, set_variables, servers, grads, optimizer.learning_rate,
+                self.agreed_flags.step_bits()),
                 payload_bytes=sum(by_server), sent_bytes=sum(by_server))
         with tf.control_dependencies(pushed):
             return optimizer.iterations.assign_add(1)

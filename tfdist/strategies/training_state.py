@@ -16,7 +16,9 @@ weights, `checkpoint_files.save_backup`), what the next step depends on:
   the resumed epoch logs what the uninterrupted run logged;
 * the state of the callbacks that steer training (`EarlyStopping`'s
   patience and best value, `ReduceLROnPlateau`'s, the checkpoint
-  callbacks' batch counters), as JSON-able attributes.
+  callbacks' batch counters), as JSON-able attributes;
+* with the asynchronous parameter server, each server's optimizer step
+  count (its slots are in the weights file: `async_client.fetch_state`).
 
 Every rank holds the same values of all of these (a step makes metric and
 seed state global, `local_state`), so the chief's copy is every rank's: on
@@ -92,28 +94,34 @@ class TrainingState:
             count, "world_size": processes that wrote it}.
         random_state, metrics: the variables' values, as `_array_entry`s.
         callbacks: {`callback_key`: {attribute: JSON value}}.
+        servers: the asynchronous parameter server's state ({"iterations": [one count per
+            server]}), or None.
     """
 
     def __init__(self, position: Dict[str, int], random_state=(), metrics=(),
-                 callbacks: Optional[Dict[str, Dict[str, Any]]] = None):
+                 callbacks: Optional[Dict[str, Dict[str, Any]]] = None,
+                 servers: Optional[Dict[str, Any]] = None):
         self.position = dict(position)
         self.random_state = list(random_state)
         self.metrics = list(metrics)
         self.callbacks = dict(callbacks or {})
+        self.servers = servers
 
     # --------------------------------------------------------------- capture
     @classmethod
     def capture(cls, model, epoch: int, steps_done: int, world_size: int,
-                callback_attributes: Dict[str, Dict[str, Any]]) -> "TrainingState":
+                callback_attributes: Dict[str, Dict[str, Any]],
+                servers: Optional[Dict[str, Any]] = None) -> "TrainingState":
         """The state of `model` after `steps_done` steps of `epoch`; `callback_attributes`
-        comes from the caller (which knows the callbacks' private attributes)."""
+        and the `servers`' state come from the caller (which knows the callbacks' private
+        attributes and the strategy)."""
         optimizer = getattr(model, "optimizer", None)
         iterations = int(optimizer.iterations.numpy()) if optimizer is not None else 0
         return cls({"epoch": int(epoch), "steps_done": int(steps_done),
                     "iterations": iterations, "world_size": int(world_size)},
                    [_array_entry(v) for v in random_state_variables(model)],
                    [_array_entry(v) for v in model.metrics_variables],
-                   callback_attributes)
+                   callback_attributes, servers)
 
     @staticmethod
     def attributes_of(callback, names) -> Dict[str, Any]:
@@ -129,7 +137,7 @@ class TrainingState:
     # ----------------------------------------------------------- serialising
     def to_json(self) -> Dict[str, Any]:
         return {"format": FORMAT, "position": self.position, "random_state": self.random_state,
-                "metrics": self.metrics, "callbacks": self.callbacks}
+                "metrics": self.metrics, "callbacks": self.callbacks, "servers": self.servers}
 
     @classmethod
     def from_json(cls, data: Optional[Dict[str, Any]]) -> Optional["TrainingState"]:
@@ -137,7 +145,7 @@ class TrainingState:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             return None
         return cls(data["position"], data.get("random_state", ()), data.get("metrics", ()),
-                   data.get("callbacks"))
+                   data.get("callbacks"), data.get("servers"))
 
     @classmethod
     def share(cls, communicator, state: Optional["TrainingState"]) -> Optional["TrainingState"]:

@@ -22,6 +22,19 @@ the learning rate sent is divided by max(1, c - v) (Zhang et al. 2016).
 Per-update statistics accumulate in-graph (`statistics`:
 `tfdist.callbacks.StalenessMonitor`), without a host sync per step.
 
+Backup and resume (`keras.callbacks.BackupAndRestore`, on the chief):
+`fetch_state` reads each server's parameters, its optimizer's step count
+and slot variables at one moment into the chief's model and its own
+optimizer (whose slots a worker otherwise leaves unused), so Keras' backup
+file holds the servers' state; resumed, `resume_servers_from` makes the
+chief's set-up send that state back (`async_store`). Slots travel by name:
+a server names each variable by its model path, so its optimizer names the
+slots as the chief's optimizer does.
+
+Flags (`agreed_flags`: a preemption notice): a push carries the flags this
+worker raised; every pull reply carries every flag any worker pushed, so a
+notice given to one worker reaches every other at its next step.
+
 Placement: whole variables, so that any Keras optimizer works as on one
 process (per-variable norms, slots); each variable goes to the server with
 the fewest bytes so far, largest first (deterministic on every worker).
@@ -31,13 +44,16 @@ bytes of parameters), in messages of at most `PIECE_ELEMENTS` float32
 values, chained per server; plus one gate message with SSP.
 """
 
+import functools
 import json
 import threading
 
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
+from tfdist.aggregation.parameter_server.async_store import NO_STATE
 from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES
 
 HISTOGRAM_BINS = 64  # staleness 0 .. 62, and 63 for 63 or more
@@ -54,6 +70,38 @@ def bytes_by_server(variables, servers, num_servers):
     for variable, server in zip(variables, servers):
         loads[server] += variable_bytes(variable)
     return loads
+
+
+def server_name(variable):
+    """The name a server gives `variable`: its model path ("/" as "_"), as Keras' slot names
+    begin."""
+    return str(getattr(variable, "path", variable.name)).replace("/", "_").replace(":", "_")
+
+
+def optimizer_slots(optimizer):
+    """The optimizer's state variables but its step count and (float) rate."""
+    skip = {id(optimizer.iterations), id(getattr(optimizer, "_learning_rate", None))}
+    return [v for v in optimizer.variables if id(v) not in skip]
+
+
+def slots_by_server(optimizer, variables, servers, num_servers):
+    """Each server's slots of `optimizer`, as [(name, variable)], or None if some slot's
+    variable cannot be told (names not unique, a slot named after no variable).
+
+    A slot belongs to the variable whose server name is the longest prefix of
+    its own (Keras names it `<variable path>_<slot>`).
+    """
+    names = [server_name(v) for v in variables]
+    if len(set(names)) != len(names):
+        return None
+    by_server = [[] for _ in range(num_servers)]
+    for slot in optimizer_slots(optimizer):
+        owners = [i for i, name in enumerate(names) if slot.name.startswith(name + "_")]
+        if not owners:
+            return None
+        owner = max(owners, key=lambda i: len(names[i]))
+        by_server[servers[owner]].append((slot.name, slot))
+    return by_server
 
 
 def placement(variables, num_servers):
@@ -101,6 +149,8 @@ class AsyncParameterServerClient:
             self.staleness_aware_rate = tf.Variable(False, trainable=False,
                                                     name="tfdist_staleness_aware_rate")
         self._pulled_version = None  # of the step being traced
+        self.pulled_flags = None  # the servers' flags, as the step being traced pulled them
+        self._resume_state = None  # the backup's server state, for the chief's set-up
 
     # ------------------------------------------------------------ set-up
     def parameter_set(self, optimizer, variables):
@@ -121,10 +171,23 @@ class AsyncParameterServerClient:
 
     def _set_up(self, set_id, optimizer, variables, servers):
         config = keras.optimizers.serialize(optimizer)
+        state, self._resume_state = self._resume_state, None
+        slots = (slots_by_server(optimizer, variables, servers, len(self.clients))
+                 if state is not None else None)
+        if state is not None and (slots is None or
+                                  len(state["iterations"]) != len(self.clients)):
+            logging.warning("tfdist: the backup's optimizer state does not fit these %d "
+                            "server(s): the servers' optimizer starts afresh", len(self.clients))
+            slots = None
         for server, client in enumerate(self.clients):
             mine = [v for v, k in zip(variables, servers) if k == server]
-            spec = {"variables": [[list(v.shape), tf.as_dtype(v.dtype).name] for v in mine],
+            spec = {"variables": [[list(v.shape), tf.as_dtype(v.dtype).name, server_name(v)]
+                                  for v in mine],
                     "optimizer": config}
+            if slots is not None:
+                spec["state"] = {"iterations": int(state["iterations"][server]),
+                                 "slots": [name for name, _ in slots[server]]}
+                mine = mine + [slot for _, slot in slots[server]]
             values = (tf.concat([tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in mine],
                                 axis=0) if mine else tf.zeros([0], tf.float32))
             pieces = _pieces(values)
@@ -150,35 +213,40 @@ class AsyncParameterServerClient:
                     tf.TensorSpec([], tf.int64))
             with tf.control_dependencies([permit]):
                 dependencies.append(self.wait_seconds.assign_add(tf.timestamp() - start))
-        updates, versions = [], []
+        updates, versions, pulled_flags = [], [], []
         with tf.control_dependencies(dependencies):
             for server, client in enumerate(self.clients):
                 mine = [v for v, k in zip(variables, servers) if k == server]
                 if not mine:
                     continue
                 sizes = [int(np.prod(v.shape)) for v in mine]
-                version, values = self._pull(client, set_id, sum(sizes))
+                version, values, flags = self._pull(client, set_id, sum(sizes))
                 versions.append(version)
+                pulled_flags.append(flags)
                 pieces = tf.split(values, sizes) if len(sizes) > 1 else [values]
                 for variable, piece in zip(mine, pieces):
                     updates.append(variable.assign(
                         tf.cast(tf.reshape(piece, variable.shape), variable.dtype)))
         self._pulled_version = tf.reduce_min(tf.stack(versions)) if versions else \
             tf.constant(0, tf.int64)
+        self.pulled_flags = functools.reduce(tf.bitwise.bitwise_or, pulled_flags,
+                                             tf.constant(0, tf.int64))
         return updates
 
-    def _pull(self, client, set_id, num_elements):
-        """(version, values) of one server's variables, in pieces chained one after the other."""
-        specs = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.float32))
-        version, first = client.call(
-            "async_pull", [tf.constant(set_id), tf.constant(self.rank),
-                           tf.constant(PIECE_ELEMENTS, tf.int64)], specs)
+    def _pull(self, client, set_id, num_elements, method="async_pull", extra=()):
+        """(version, values, flags) of one server's variables (`method` "async_state": its
+        step count, and its slots after them), in pieces chained one after the other."""
+        specs = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.float32),
+                 tf.TensorSpec([], tf.int64))
+        version, first, flags = client.call(
+            method, [tf.constant(set_id), tf.constant(self.rank),
+                     tf.constant(PIECE_ELEMENTS, tf.int64), *extra], specs)
         pieces = [first]
         for _ in range(1, -(-num_elements // PIECE_ELEMENTS)):
             with tf.control_dependencies([pieces[-1]]):
                 pieces.append(client.call("async_pull_more", [tf.constant(self.rank)],
                                           specs)[1])
-        return version, pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
+        return version, pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0), flags
 
     def refresh(self, optimizer):
         """Pull the servers' current values of `optimizer`'s variables (eager; no gate)."""
@@ -202,8 +270,49 @@ class AsyncParameterServerClient:
     def owns(self, optimizer):
         return id(optimizer) in self._sets
 
-    def push(self, set_id, variables, servers, grads, learning_rate):
-        """Send `grads` (one per variable) to their servers with the learning rate (in-graph)."""
+    # ------------------------------------------------------------ backup and resume
+    def fetch_state(self, optimizer):
+        """Read the servers' parameters and optimizer state into the model's variables of
+        `optimizer`'s set and into `optimizer`'s own slots (eager, the chief backing up). Returns {"iterations": [each server's optimizer step count]}, or
+        None (with a warning) where the state cannot travel by name."""
+        if id(optimizer) not in self._sets:
+            return None
+        set_id, variables, servers = self._sets[id(optimizer)]
+        slots = slots_by_server(optimizer, variables, servers, len(self.clients))
+        if slots is None:
+            logging.warning("tfdist: the servers' optimizer state cannot be matched to %s's "
+                            "variables by name: the backup holds the parameters only",
+                            optimizer.name)
+            return None
+        iterations = []
+        for server, client in enumerate(self.clients):
+            mine = [v for v, k in zip(variables, servers) if k == server]
+            targets = mine + [slot for _, slot in slots[server]]
+            sizes = [int(np.prod(v.shape)) for v in targets]
+            if not targets:
+                iterations.append(0)
+                continue
+            names = json.dumps({"slots": [name for name, _ in slots[server]]})
+            count, values, _ = self._pull(client, set_id, sum(sizes), "async_state",
+                                          [tf.constant(names)])
+            if int(count) == NO_STATE:
+                logging.warning("tfdist: server %d lacks some of %s's slots: the backup holds "
+                                "the parameters only", server, optimizer.name)
+                return None
+            pieces = tf.split(values, sizes) if len(sizes) > 1 else [values]
+            for target, piece in zip(targets, pieces):
+                target.assign(tf.cast(tf.reshape(piece, target.shape), target.dtype))
+            iterations.append(int(count))
+        return {"iterations": iterations}
+
+    def resume_servers_from(self, state):
+        """The chief's next set-up sends the backup's server `state` (`fetch_state`'s) with the
+        restored slots of its optimizer."""
+        self._resume_state = state
+
+    def push(self, set_id, variables, servers, grads, learning_rate, flags=0):
+        """Send `grads` (one per variable) to their servers with the learning rate and the
+        flags this worker raised (in-graph)."""
         staleness = tf.maximum(self.pushes.read_value() - self._pulled_version, 0)
         rate = tf.cast(learning_rate, tf.float32)
         rate = tf.where(self.staleness_aware_rate,
@@ -220,7 +329,8 @@ class AsyncParameterServerClient:
                     sends.append(client.call(
                         "async_push", [tf.constant(set_id), tf.constant(self.rank),
                                        self.pushes.read_value(), rate, piece,
-                                       tf.constant(index == len(pieces) - 1)],
+                                       tf.constant(index == len(pieces) - 1),
+                                       tf.cast(flags, tf.int64)],
                         tf.TensorSpec([], tf.int32)))
         with tf.control_dependencies(sends):
             return [self.pushes.assign_add(1), self.updates.assign_add(1),

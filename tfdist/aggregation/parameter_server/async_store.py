@@ -12,12 +12,20 @@ Every request goes through one FIFO queue and one thread (`_serve_requests`)
 that handles it, in arrival order:
 
 * setup (the chief, once per optimizer): create the variables from their
-  initial values and build the optimizer from its serialized config;
+  initial values and build the optimizer from its serialized config; a
+  chief resuming from a backup also sends the optimizer's state (its step
+  count and slot variables, by name), which a set already set up takes too;
 * push: apply one worker's gradients with the learning rate it sent, then
-  count the push in the worker's clock (pushes applied so far);
+  count the push in the worker's clock (pushes applied so far); the flags
+  the worker raised (a preemption notice, `agreed_flags`) join the
+  server's flags, which every later reply carries: that is how the
+  workers, not in step, learn of a notice without a message of their own;
 * pull: reply with the parameters and their version, the smallest clock
   over the workers (every update of every worker up to that clock is in
   them);
+* state (the chief, when it backs up): reply with the parameters and the
+  named slot variables of the optimizer, and its step count, read at one
+  moment;
 * gate (server 0; Stale Synchronous Parallel, Ho et al. 2013, as in
   Petuum Bosen): a worker about to make push c may go once every worker's
   clock is at least c - tau; until then its permit waits;
@@ -56,28 +64,40 @@ from absl import logging
 from tfdist.aggregation.parameter_server import protocol
 from tfdist.aggregation.parameter_server.protocol import QUEUE_CAPACITY
 
-SETUP, PULL, PUSH, GATE, LEAVE, BARRIER, GONE = 0, 1, 2, 3, 4, 5, 6
+SETUP, PULL, PUSH, GATE, LEAVE, BARRIER, GONE, STATE = 0, 1, 2, 3, 4, 5, 6, 7
+NO_STATE = -1  # a state reply's step count when the server lacks a slot the chief named
 _INT32, _INT64 = tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)
 _FLOAT32, _STRING, _BOOL = (tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.string),
                             tf.TensorSpec([], tf.bool))
 _VALUES = tf.TensorSpec([None], tf.float32)
-# kind, set, worker, step, tau, learning rate, spec, values, final piece?, elements per piece
+# kind, set, worker, step, tau, learning rate, spec, values, final piece?, elements per piece,
+# flags raised
 _REQUEST_DTYPES = [tf.int32, tf.int32, tf.int32, tf.int64, tf.int64, tf.float32, tf.string,
-                   tf.float32, tf.bool, tf.int64]
+                   tf.float32, tf.bool, tf.int64, tf.int64]
+# A reply: a version (pull) or step count (state), a piece of values, the server's flags.
+_REPLY_DTYPES = [tf.int64, tf.float32, tf.int64]
 
 
 class _ParameterSet:
-    """One optimizer's variables on this server, and the optimizer that updates them."""
+    """One optimizer's variables on this server, and the optimizer that updates them.
+
+    A variable is named as the chief named it (its model path, "/" as "_"), so
+    the optimizer's slot variables get the names the chief's own optimizer
+    gives them (Keras names a slot `<variable path>_<slot>`): the backup's
+    state travels by name.
+    """
 
     def __init__(self, spec, values):
-        self.shapes = [tuple(shape) for shape, _ in spec["variables"]]
-        self.dtypes = [tf.as_dtype(dtype) for _, dtype in spec["variables"]]
-        sizes = [int(np.prod(shape)) for shape in self.shapes]
-        pieces = np.split(values, np.cumsum(sizes)[:-1]) if sizes else []
+        entries = spec["variables"]
+        self.shapes = [tuple(entry[0]) for entry in entries]
+        self.dtypes = [tf.as_dtype(entry[1]) for entry in entries]
+        names = [entry[2] if len(entry) > 2 else f"parameter_{index}"
+                 for index, entry in enumerate(entries)]
+        self.sizes = [int(np.prod(shape)) for shape in self.shapes]
+        pieces = _split(values[:sum(self.sizes)], self.sizes)
         self.variables = [
-            keras.Variable(piece.reshape(shape), dtype=dtype.name, name=f"parameter_{index}")
-            for index, (piece, shape, dtype) in enumerate(zip(pieces, self.shapes, self.dtypes))]
-        self.sizes = sizes
+            keras.Variable(piece.reshape(shape), dtype=dtype.name, name=name)
+            for piece, shape, dtype, name in zip(pieces, self.shapes, self.dtypes, names)]
         self.optimizer = keras.optimizers.deserialize(spec["optimizer"])
         self.optimizer.build(self.variables)
         # A float rate is the worker's to set at every step (its callbacks change it); a
@@ -85,6 +105,8 @@ class _ParameterSet:
         self.rate_from_worker = isinstance(self.optimizer.learning_rate, keras.Variable)
         self._apply = tf.function(self._apply_flat)
         self._read = tf.function(self._read_flat)
+        if spec.get("state"):
+            self.assign_state(spec["state"], values[sum(self.sizes):])
 
     def _apply_flat(self, values, learning_rate):
         if self.rate_from_worker:
@@ -104,6 +126,45 @@ class _ParameterSet:
     def read(self):
         return self._read() if self.variables else tf.zeros([0], tf.float32)
 
+    # ------------------------------------------------------------ backup and resume
+    def slots(self):
+        """{name: variable} of the optimizer's state but its step count and rate."""
+        skip = {id(self.optimizer.iterations), id(getattr(self.optimizer, "_learning_rate", None))}
+        return {v.name: v for v in self.optimizer.variables if id(v) not in skip}
+
+    def read_state(self, names):
+        """(step count, parameters then the `names`d slots, flat); NO_STATE if one is missing."""
+        slots = self.slots()
+        if any(name not in slots for name in names):
+            return NO_STATE, self.read()
+        flat = [self.read()] + [tf.reshape(tf.cast(slots[name].value, tf.float32), [-1])
+                                for name in names]
+        return int(self.optimizer.iterations.numpy()), tf.concat(flat, axis=0)
+
+    def assign_state(self, state, values):
+        """The optimizer's step count and the named slots (`values`, flat, in that order)."""
+        slots = self.slots()
+        names = [name for name in state["slots"] if name in slots]
+        if len(names) != len(state["slots"]):
+            logging.error("tfdist: the backup names optimizer slots this server's optimizer does "
+                          "not have (%s): its optimizer state starts afresh",
+                          sorted(set(state["slots"]) - set(names)))
+            return
+        sizes = [int(np.prod(slots[name].shape)) for name in names]
+        for name, piece in zip(names, _split(values, sizes)):
+            slots[name].assign(tf.cast(np.reshape(piece, slots[name].shape), slots[name].dtype))
+        self.optimizer.iterations.assign(int(state["iterations"]))
+
+    def assign_all(self, spec, values):
+        """A resuming chief's set-up of a set already here: its parameters and state."""
+        for variable, piece in zip(self.variables, _split(values[:sum(self.sizes)], self.sizes)):
+            variable.assign(tf.cast(np.reshape(piece, variable.shape), variable.dtype))
+        self.assign_state(spec["state"], values[sum(self.sizes):])
+
+
+def _split(values, sizes):
+    return np.split(values, np.cumsum(sizes)[:-1]) if sizes else []
+
 
 class AsyncParameterStore:
     """Parameters, optimizers and worker clocks of one shard server; see the module docstring.
@@ -118,7 +179,7 @@ class AsyncParameterStore:
         self.num_workers = int(num_workers)
         self.error = None
         self._requests = tf.queue.FIFOQueue(QUEUE_CAPACITY, _REQUEST_DTYPES)
-        self._replies = [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64, tf.float32])
+        self._replies = [tf.queue.FIFOQueue(QUEUE_CAPACITY, _REPLY_DTYPES)
                          for _ in range(self.num_workers)]
         self._permits = [tf.queue.FIFOQueue(QUEUE_CAPACITY, [tf.int64])
                          for _ in range(self.num_workers)]
@@ -127,6 +188,7 @@ class AsyncParameterStore:
         self._waiting = []  # (worker, push number, tau) of gates not yet open
         self._left = set()  # workers outside `fit`: the gate does not wait for them
         self._gone = set()  # dead workers: nothing waits for them
+        self._flags = 0  # bits of the flags any worker raised (`agreed_flags`)
         self._barriers = [0] * self.num_workers  # barriers each worker has arrived at
         self._waiting_barriers = []  # (worker, barrier number)
         self.active = False  # an asynchronous job set parameters up here
@@ -149,7 +211,10 @@ class AsyncParameterStore:
                                        piece_elements=_INT64),
             "async_pull_more": self._method(None, self._replies, worker=_INT32),
             "async_push": self._method(PUSH, set_id=_INT32, worker=_INT32, step=_INT64,
-                                       learning_rate=_FLOAT32, values=_VALUES, final=_BOOL),
+                                       learning_rate=_FLOAT32, values=_VALUES, final=_BOOL,
+                                       flags=_INT64),
+            "async_state": self._method(STATE, self._replies, set_id=_INT32, worker=_INT32,
+                                        piece_elements=_INT64, spec=_STRING),
             "async_gate": self._method(GATE, self._permits, worker=_INT32, step=_INT64,
                                        tau=_INT64),
             "async_leave": self._method(LEAVE, worker=_INT32),
@@ -177,13 +242,13 @@ class AsyncParameterStore:
         return method
 
     def _enqueue(self, kind, worker, set_id=0, step=0, tau=0, learning_rate=0.0, spec="",
-                 values=None, final=True, piece_elements=0):
+                 values=None, final=True, piece_elements=0, flags=0):
         values = tf.zeros([0], tf.float32) if values is None else values
         return self._requests.enqueue((
             tf.constant(kind, tf.int32), tf.cast(set_id, tf.int32), tf.cast(worker, tf.int32),
             tf.cast(step, tf.int64), tf.cast(tau, tf.int64), tf.cast(learning_rate, tf.float32),
             tf.cast(spec, tf.string), values, tf.cast(final, tf.bool),
-            tf.cast(piece_elements, tf.int64)))
+            tf.cast(piece_elements, tf.int64), tf.cast(flags, tf.int64)))
 
     def worker_gone(self, worker):
         """A worker died (noticed by the server's probes): stop waiting for it (any thread)."""
@@ -229,7 +294,7 @@ class AsyncParameterStore:
         return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
 
     def _handle(self, kind, set_id, worker, step, tau, learning_rate, spec, values, final,
-                piece_elements):
+                piece_elements, flags):
         kind, set_id, worker = int(kind), int(set_id), int(worker)
         if kind in (SETUP, PUSH):
             values = self._whole(kind, set_id, worker, values, final)
@@ -237,16 +302,20 @@ class AsyncParameterStore:
                 return
         if kind == SETUP:
             self.active = True
+            spec = json.loads(spec.numpy().decode())
             if set_id not in self._sets:
-                self._sets[set_id] = _ParameterSet(json.loads(spec.numpy().decode()),
-                                                   values.numpy())
+                self._sets[set_id] = _ParameterSet(spec, values.numpy())
+            elif spec.get("state"):  # a resuming chief, on servers that kept running
+                self._sets[set_id].assign_all(spec, values.numpy())
         elif kind == PULL:
-            flat = self._parameters(set_id, worker).read()
-            version = tf.constant(min(self._clocks), tf.int64)
-            size, step_size = int(flat.shape[0]), max(int(piece_elements), 1)
-            for start in range(0, max(size, 1), step_size):
-                self._replies[worker].enqueue((version, flat[start:start + step_size]))
+            self._reply(worker, min(self._clocks), self._parameters(set_id, worker).read(),
+                        piece_elements)
+        elif kind == STATE:
+            names = json.loads(spec.numpy().decode())["slots"]
+            self._reply(worker, *self._parameters(set_id, worker).read_state(names),
+                        piece_elements)
         elif kind == PUSH:
+            self._flags |= int(flags)
             self._parameters(set_id, worker).apply(values, learning_rate)
             self.applied.assign_add(1)
             self._clocks[worker] += 1
@@ -267,6 +336,14 @@ class AsyncParameterStore:
             self._gone.add(worker)
             self._open_gates()
             self._open_barriers()
+
+    def _reply(self, worker, number, flat, piece_elements):
+        """(number, piece, the server's flags) for each piece of `flat`, into the worker's
+        reply queue."""
+        number, flags = tf.constant(number, tf.int64), tf.constant(self._flags, tf.int64)
+        size, step_size = int(flat.shape[0]), max(int(piece_elements), 1)
+        for start in range(0, max(size, 1), step_size):
+            self._replies[worker].enqueue((number, flat[start:start + step_size], flags))
 
     def _parameters(self, set_id, worker):
         if set_id not in self._sets:

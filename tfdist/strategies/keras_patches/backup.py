@@ -120,8 +120,11 @@ def _save_with_training_state(callback, strategy):
     """`BackupAndRestore._save_model` on the chief: weights and metadata, with the state."""
     # pylint: disable=protected-access
     epoch, steps_done = callback._tfdist_position
+    remote = strategy.extended.remote_updates
+    servers = (remote.fetch_state(callback.model.optimizer)  # into the weights file's variables
+               if remote is not None and callback.model.optimizer is not None else None)
     state = TrainingState.capture(callback.model, epoch, steps_done, strategy.world_size,
-                                  _steering_state(callback._tfdist_callbacks))
+                                  _steering_state(callback._tfdist_callbacks), servers)
     previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
                 if callback.double_checkpoint else None)
     save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
@@ -145,7 +148,12 @@ def _write_own_state_only(callback, strategy):
 
 
 def _barrier(strategy, what):
-    """Every rank waits for the others (bounded by the job timeout, naming `what`)."""
+    """Every rank waits for the others (bounded by the job timeout, naming `what`); the
+    asynchronous parameter server's workers meet on server 0, which stops waiting for a dead
+    one."""
+    if strategy.extended.remote_updates is not None:
+        strategy.extended.remote_updates.barrier()
+        return
     communicator = strategy.extended.communicator
     with communicator.expect_progress(f"the barrier {what}"):
         communicator.barrier()
@@ -252,6 +260,8 @@ def _resume(callback, state, strategy):
         epoch_iterator._tfdist_replay_to = (position["epoch"], position["steps_done"], state,
                                             model)
     set_pending(model, state)
+    if strategy.extended.remote_updates is not None and state.servers is not None:
+        strategy.extended.remote_updates.resume_servers_from(state.servers)
     if strategy.is_chief:
         written_by = position["world_size"]
         print(f"tfdist: resuming from the backup in {callback.backup_dir}: epoch "
@@ -355,6 +365,8 @@ def _back_up_if_preempted(callback_list):
     if strategy is None or not strategy.extended.preemption.agreed():
         return
     started = time.monotonic()
+    if strategy.world_size > 1 and strategy.extended.remote_updates is not None:
+        _barrier(strategy, "before the preemption backup")  # async: every worker's last push in
     callback._save_model()  # pylint: disable=protected-access
     if strategy.world_size > 1:
         _barrier(strategy, "after the preemption backup")
@@ -447,8 +459,7 @@ def prepare(callbacks, model):
             _write_own_state_only(callback, strategy)
         callback.on_train_begin = functools.partial(_restore_and_resume, callback,
                                                     callback.on_train_begin, strategy)
-        if strategy.extended.remote_updates is None:  # synchronous: preemption notices
-            _armed_while_training(callback, strategy)
+        _armed_while_training(callback, strategy)
 
 
 def install():
