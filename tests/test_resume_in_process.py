@@ -27,6 +27,7 @@ import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.simulation import simulate_processes  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.strategies import preemption  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.strategies.agreed_flags import AgreedFlags  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.strategies.keras_patches import backup as backup_patches  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE  # noqa: E402  pylint: disable=wrong-import-position
 
 STOP_AT_STEP = 23  # the last backup: step 20, 8 steps into the second epoch
@@ -38,12 +39,14 @@ def plain(tmp_path_factory):
     """plain(inputs): the plain script's run never stopped (computed once per input)."""
     runs = {}
 
-    def run_once(inputs):
-        if inputs not in runs:
+    def run_once(inputs, **options):
+        key = (inputs, tuple(sorted(options.items())))
+        if key not in runs:
             directory = tmp_path_factory.mktemp(f"plain-{inputs}")
-            runs[inputs] = resume_mid_epoch.train(str(directory / "run"),
-                                                  str(directory / "backup"), "plain", inputs)
-        return runs[inputs]
+            runs[key] = resume_mid_epoch.train(str(directory / "run"),
+                                               str(directory / "backup"), "plain", inputs,
+                                               **options)
+        return runs[key]
 
     return run_once
 
@@ -122,6 +125,63 @@ def test_a_preemption_notice_to_one_rank_backs_up_every_rank_at_the_next_step(tm
     assert position["iterations"] == 23 and position["steps_done"] == 11, position
     resumed = run(tmp_path, "resumed", 2, "tree", "numpy", save_freq="epoch")[0]
     assert_resumed_like(reference, resumed)
+
+
+@pytest.mark.parametrize("when,backed_up_at", [
+    ("to-every-rank-after-step-22", 23),
+    ("to-rank-1-as-step-20-runs", 21),  # after step 20 wrote its flags: step 21 carries it
+    ("to-the-chief-while-it-writes-the-step-5-backup", 6),
+])
+def test_a_notice_is_taken_at_the_next_step_whenever_it_arrives(tmp_path, monkeypatch, when,
+                                                                 backed_up_at):
+    """A notice to every rank at once, one arriving while a step's all-reduce is in flight,
+    and one arriving while the chief writes a periodic backup (the write completes, the
+    next step takes the notice): every rank backs up at one step, at most one after the
+    notice, and exits with 42 (the resume from such a backup is the test above's)."""
+    if when.endswith("backup"):
+        write = backup_patches.save_backup
+
+        def write_then_notice(*args, **kwargs):
+            for notice in preemption._armed_notices():  # pylint: disable=protected-access
+                if notice.rank == 0:
+                    notice.notice("a test's notice during the save")
+            write(*args, **kwargs)
+
+        monkeypatch.setattr(backup_patches, "save_backup", write_then_notice)
+
+    def preempted(rank):
+        options = {"save_freq": "epoch"}
+        if when.startswith("to-every-rank"):
+            options["notice_at_step"] = 22
+        elif when.startswith("to-rank-1"):
+            options.update(notice_at_step=19 if rank == 1 else None, notice_before_step=True)
+        else:
+            options["save_freq"] = 5
+        try:
+            resume_mid_epoch.train(str(tmp_path / "stopped"), str(tmp_path / "backup"), "ring",
+                                   "numpy", **options)
+        except SystemExit as stop:
+            return stop.code
+        return "finished"
+
+    assert simulate_processes(3, preempted) == [PREEMPTED_EXIT_CODE] * 3
+    with open(tmp_path / "backup" / "training_metadata.json") as f:
+        position = json.load(f)["tfdist"]["position"]
+    assert position["iterations"] == backed_up_at, position
+
+
+def test_early_stopping_restores_the_best_weights_of_before_the_resume(tmp_path, plain):
+    """EarlyStopping(restore_best_weights=True): its best epoch is the first (min_delta=1), so
+    training ends with the first epoch's weights; stopped in the second epoch at 3 ranks and
+    resumed at 2, the run ends with them too (the chief wrote them beside the backup; without
+    them it would end with the second epoch's)."""
+    reference = plain("numpy", restore_best_weights=True)
+    run(tmp_path, "stopped", 3, "ring", "numpy", stop_at_step=STOP_AT_STEP,
+        restore_best_weights=True)
+    assert list((tmp_path / "backup").glob("tfdist-best-weights-0.npz"))
+    resumed = run(tmp_path, "resumed", 2, "tree", "numpy", restore_best_weights=True)
+    for result in resumed:
+        assert_resumed_like(reference, result)
 
 
 def test_an_unreadable_backup_is_named_and_the_previous_one_resumes(tmp_path, plain, capsys):

@@ -54,16 +54,25 @@ class Stopped(Exception):
 
 class NoticeAtStep(keras.callbacks.Callback):
     """Gives this rank the preemption notice after optimizer step `step` (as a SIGTERM's
-    handler would; for simulated ranks, which share one process's signals)."""
+    handler would; for simulated ranks, which share one process's signals), twice; or,
+    `before_step`, as step `step` + 1 begins, after its flags were written (as a signal
+    arriving while the step's all-reduce runs)."""
 
-    def __init__(self, strategy, step):
+    def __init__(self, strategy, step, before_step=False):
         super().__init__()
-        self.strategy, self.step = strategy, step
+        self.strategy, self.step, self.before_step = strategy, step, before_step
 
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.step:
+    def _notice_at(self, hook_is_before):
+        if (hook_is_before == self.before_step
+                and int(self.model.optimizer.iterations.numpy()) == self.step):
             for _ in range(2):  # a second notice changes nothing
                 self.strategy.extended.preemption.notice("a test's notice")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._notice_at(True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._notice_at(False)
 
 
 class StopAtStep(keras.callbacks.Callback):
@@ -116,7 +125,8 @@ def data(kind):
 
 def train(out, backup_dir, strategy_name="ring", inputs="numpy", dropout=False,
           stop_at_step=None, announce=False, backup_per_rank=False, save_freq=SAVE_FREQ,
-          notice_at_step=None, pause=(None, 0.0), double_checkpoint=False):
+          notice_at_step=None, pause=(None, 0.0), double_checkpoint=False,
+          notice_before_step=False, restore_best_weights=False):
     """Train (resuming from BACKUP_DIR's backup if there is one); write OUT.rank<R>.npz."""
     strategy = STRATEGIES[strategy_name]()
     rank = strategy.rank if strategy is not None else 0
@@ -131,13 +141,14 @@ def train(out, backup_dir, strategy_name="ring", inputs="numpy", dropout=False,
         model.compile(optimizer=keras.optimizers.Adam(schedule),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["sparse_categorical_accuracy"])
-    callbacks = [keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=1.0),
+    callbacks = [keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=1.0,
+                                               restore_best_weights=restore_best_weights),
                  keras.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq,
                                                   double_checkpoint=double_checkpoint)]
     if stop_at_step is not None or announce:
         callbacks.append(StopAtStep(stop_at_step, rank if announce else None, pause))
     if notice_at_step is not None:
-        callbacks.append(NoticeAtStep(strategy, notice_at_step))
+        callbacks.append(NoticeAtStep(strategy, notice_at_step, notice_before_step))
     try:
         history = model.fit(**data(inputs), epochs=EPOCHS, verbose=0, callbacks=callbacks)
     except Stopped as stop:

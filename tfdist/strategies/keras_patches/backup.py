@@ -49,6 +49,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 from tfdist import cluster as cluster_lib
 from tfdist.strategies import rank_state
 from tfdist.strategies.checkpoint_files import save_backup
+from tfdist.strategies.keras_patches import best_weights
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
 from tfdist.strategies.training_state import (TrainingState, callback_key, clear_pending, pending,
@@ -127,6 +128,7 @@ def _save_with_training_state(callback, strategy):
                                   _steering_state(callback._tfdist_callbacks), servers)
     previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
                 if callback.double_checkpoint else None)
+    best_weights.save_beside(callback.backup_dir, callback._tfdist_callbacks)
     save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
                 previous, {"epoch": epoch, "batch": callback._last_batch_seen,
                            "tfdist": state.to_json()})
@@ -278,12 +280,11 @@ def _apply_steering_state(callback_list):
         return
     clear_pending(model)
     state.apply_callbacks(callback_list.callbacks)
-    for callback in callback_list.callbacks:
-        if (isinstance(callback, keras.callbacks.EarlyStopping) and callback.restore_best_weights
-                and callback_key(callback, callback_list.callbacks) in state.callbacks):
-            logging.warning("tfdist: EarlyStopping(restore_best_weights=True) resumed without "
-                            "its best weights (a backup holds the current ones): it restores "
-                            "the best weights seen since the resume.")
+    backups = [c for c in callback_list.callbacks
+               if isinstance(c, keras.callbacks.BackupAndRestore)]
+    strategy = tfdist_strategy(model)
+    if backups and strategy is not None:
+        best_weights.restore(callback_list.callbacks, state, strategy, backups[0].backup_dir)
 
 
 # ---------------------------------------------------------------- the epoch iterator
