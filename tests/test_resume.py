@@ -13,18 +13,23 @@ preemption notice) makes every rank back up at the next step and exit with
 once, never stopped - also when only the chief can see the backup (no
 shared filesystem), when the input is a tf.data pipeline shuffled by
 TensorFlow's global seed, and under Ray Train, which restarts its workers
-itself (`FailureConfig(max_failures=1)`). test_resume_in_process.py has
+itself (`FailureConfig(max_failures=1)`), and under Slurm, which requeues
+the job and runs it again (`make test-all`). test_resume_in_process.py has
 more cases as simulated ranks.
 """
 
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from helpers import case_parameters, failure_report, horovodrun, script, start_job, tfdist_run
+from helpers import (case_parameters, failure_report, horovodrun, require_launcher, script,
+                     start_job, tfdist_run)
 from test_resume_in_process import STOP_AT_STEP, assert_resumed_like, resume_mid_epoch
 from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
 
@@ -156,3 +161,53 @@ def test_killed_job_resumes_at_the_next_batch_like_an_uninterrupted_run(tmp_path
             else last_backup % 5 == 0 and last_backup <= STOP_AT_STEP + 2), output[-3000:]
     for result in load(resumed, rerun_world):
         assert_resumed_like(plain_runs[inputs], result, epoch)
+
+
+@pytest.mark.slow
+def test_a_slurm_job_requeued_mid_epoch_backs_up_and_resumes_when_slurm_runs_it_again(
+        tmp_path, plain_runs):
+    """`sbatch --requeue` on the one-node Slurm, then `scontrol requeue` mid-epoch (what
+    Slurm's preemption with PreemptMode=REQUEUE does): Slurm sends SIGTERM to every task,
+    every rank backs up at the next step and exits 42, and Slurm runs the batch script again
+    (its output appended), which resumes there and ends as the plain script never stopped.
+    (Slurm holds a requeued job back for about two minutes; the test releases it at once.)"""
+    require_launcher("srun")
+    out, resumed = tmp_path / "job.out", str(tmp_path / "resumed")
+    command = (f"srun {sys.executable} {script('resume_mid_epoch.py')} {resumed} "
+               f"{tmp_path / 'backup'} --strategy ring --announce --pause-after "
+               f"{STOP_AT_STEP}:3")
+    job = subprocess.run(["sbatch", "--parsable", "--requeue", "--open-mode=append", "-o",
+                          str(out), "-n", "2", "--wrap", command],
+                         capture_output=True, text=True, check=True).stdout.strip()
+
+    def output():
+        return out.read_text(errors="replace") if out.exists() else ""
+
+    def state():
+        return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                              text=True).stdout.strip()
+
+    def wait_for(condition, seconds):
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return condition()
+
+    try:
+        assert wait_for(lambda: f"step {STOP_AT_STEP}\n" in output(), 120), output()[-3000:]
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        assert wait_for(lambda: state() == "PENDING", 60), output()[-3000:]
+        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True,
+                       timeout=30)
+        assert wait_for(lambda: state() == "", 180), output()[-3000:]
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    text = output()
+    assert "tasks 0-1: Exited with exit code 42" in text, text[-4000:]
+    assert "tfdist: preempted: backed up" in text, text[-4000:]
+    resumed_at = RESUMED_AT.search(text)
+    assert resumed_at, text[-4000:]
+    epoch, steps_done = int(resumed_at.group(1)) - 1, int(resumed_at.group(2))
+    assert epoch * 12 + steps_done == STOP_AT_STEP + 1, text[-3000:]
+    for result in load(resumed, 2):
+        assert_resumed_like(plain_runs["numpy"], result, epoch)
