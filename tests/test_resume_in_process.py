@@ -27,7 +27,7 @@ import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.simulation import simulate_processes  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.strategies import preemption  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.strategies.agreed_flags import AgreedFlags  # noqa: E402  pylint: disable=wrong-import-position
-from tfdist.strategies.keras_patches import backup as backup_patches  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.strategies.keras_patches import backup_state  # noqa: E402  pylint: disable=wrong-import-position
 from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE  # noqa: E402  pylint: disable=wrong-import-position
 
 STOP_AT_STEP = 23  # the last backup: step 20, 8 steps into the second epoch
@@ -139,7 +139,7 @@ def test_a_notice_is_taken_at_the_next_step_whenever_it_arrives(tmp_path, monkey
     next step takes the notice): every rank backs up at one step, at most one after the
     notice, and exits with 42 (the resume from such a backup is the test above's)."""
     if when.endswith("backup"):
-        write = backup_patches.save_backup
+        write = backup_state.save_backup
 
         def write_then_notice(*args, **kwargs):
             for notice in preemption._armed_notices():  # pylint: disable=protected-access
@@ -147,7 +147,7 @@ def test_a_notice_is_taken_at_the_next_step_whenever_it_arrives(tmp_path, monkey
                     notice.notice("a test's notice during the save")
             write(*args, **kwargs)
 
-        monkeypatch.setattr(backup_patches, "save_backup", write_then_notice)
+        monkeypatch.setattr(backup_state, "save_backup", write_then_notice)
 
     def preempted(rank):
         options = {"save_freq": "epoch"}

@@ -26,7 +26,6 @@ the final weights and the history of this run.
 import argparse
 import contextlib
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

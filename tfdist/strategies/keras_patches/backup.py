@@ -1,17 +1,16 @@
 """`keras.callbacks.BackupAndRestore` under a tfdist strategy: exact resume at the next batch.
 
-The user's unchanged `BackupAndRestore(dir, save_freq=N | "epoch")`:
+The user's unchanged `BackupAndRestore(dir, save_freq=N | "epoch")` gets a
+`backup_state.BackupState`, the one object that gathers, writes, reads and
+shares what a backup holds; this module wires it into Keras' loop:
 
-* **writes** on the chief only (other ranks write only their own
-  compression residuals beside it, `rank_state`), both files replaced
-  atomically (`checkpoint_files.save_backup`); its metadata also holds the
-  `training_state.TrainingState` of the moment: the position (epoch, steps
-  of it trained), seed and metric state, the steering callbacks' state;
-* **restores** on the chief only (on machines without a shared filesystem
-  the other ranks do not see its files); the weights and the optimizer's
-  state then follow from rank 0 (one broadcast per variable) and the
-  training state from the chief's metadata (`TrainingState.share`), once
-  per `fit`;
+* **writes** at the callback's own save points (`_save_model`), and at the
+  step every rank agreed on after a preemption notice (`preemption`): the
+  chief the weights, metadata and training state, other ranks their own
+  residuals;
+* **restores** in the callback's `on_train_begin` (the chief reads, every
+  rank receives), and applies the callbacks' state after every callback's
+  `on_train_begin` (which resets them);
 * **resumes at the next batch**: the fit loop starts at the backup's epoch,
   and its epoch iterator replays the data consumption of the interrupted
   run up to the backup (`_replay_to`) so the first batch trained is the one
@@ -34,36 +33,20 @@ resumes as Keras does, at its epoch's start.
 """
 
 import functools
-import json
 import threading
 import time
 import weakref
 
 import keras
-import tensorflow as tf
 from absl import logging
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
-from tfdist import cluster as cluster_lib
-from tfdist.strategies import rank_state
-from tfdist.strategies.checkpoint_files import save_backup
-from tfdist.strategies.keras_patches import best_weights
+from tfdist.strategies.keras_patches.backup_state import BackupState, keeps_rank_state
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
-from tfdist.strategies.training_state import (TrainingState, callback_key, clear_pending, pending,
-                                               set_pending)
-
-# The callbacks whose state steers training or its checkpoints, and that state.
-STEERING_STATE = (
-    (keras.callbacks.EarlyStopping, ("wait", "stopped_epoch", "best", "best_epoch")),
-    (keras.callbacks.ReduceLROnPlateau, ("wait", "cooldown_counter", "best")),
-    (keras.callbacks.ModelCheckpoint, ("best", "_batches_seen_since_last_saving",
-                                       "_last_batch_seen", "_current_epoch")),
-    (keras.callbacks.BackupAndRestore, ("_batches_seen_since_last_saving", "_last_batch_seen",
-                                        "_current_epoch")),
-)
+from tfdist.strategies.training_state import clear_pending, pending, set_pending
 
 _fit_iterators = threading.local()  # the epoch iterator of this thread's latest fit
 # Inputs made in Python: an epoch's order may come from Python's state as its batches are read
@@ -80,16 +63,6 @@ def record_fit_iterator(epoch_iterator):
 def _latest_fit_iterator():
     reference = getattr(_fit_iterators, "latest", None)
     return reference() if reference is not None else None
-
-
-def _steering_state(callbacks):
-    state = {}
-    for callback in callbacks:
-        for kind, names in STEERING_STATE:
-            if isinstance(callback, kind):
-                state[callback_key(callback, callbacks)] = TrainingState.attributes_of(
-                    callback, names)
-    return state
 
 
 # ------------------------------------------------------------------------ writing
@@ -117,33 +90,13 @@ def _track_position(callback):
         on_epoch_begin, on_train_batch_end, on_epoch_end)
 
 
-def _save_with_training_state(callback, strategy):
-    """`BackupAndRestore._save_model` on the chief: weights and metadata, with the state."""
-    # pylint: disable=protected-access
-    epoch, steps_done = callback._tfdist_position
-    remote = strategy.extended.remote_updates
-    servers = (remote.fetch_state(callback.model.optimizer)  # into the weights file's variables
-               if remote is not None and callback.model.optimizer is not None else None)
-    state = TrainingState.capture(callback.model, epoch, steps_done, strategy.world_size,
-                                  _steering_state(callback._tfdist_callbacks), servers)
-    previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
-                if callback.double_checkpoint else None)
-    best_weights.save_beside(callback.backup_dir, callback._tfdist_callbacks)
-    save_backup(callback.model, (callback._weights_path, callback._training_metadata_path),
-                previous, {"epoch": epoch, "batch": callback._last_batch_seen,
-                           "tfdist": state.to_json()})
-
-
 def _write_own_state_only(callback, strategy):
-    """A non-chief rank's `_save_model`: only its own residuals (`rank_state`), beside the
-    chief's backup; at the end of fit it deletes only that file."""
-    # pylint: disable=protected-access
-    callback._save_model = lambda *args, **kwargs: rank_state.save(
-        callback.model, callback._weights_path, strategy)
+    """A non-chief rank's `on_train_end`: only its own residual file is deleted (the chief
+    deletes the backup after the barrier, where ranks keep such files)."""
 
     def on_train_end(logs=None):
-        rank_state.remove(callback._weights_path, strategy)
-        if keeps_rank_state(strategy):  # the chief deletes the backup after this barrier
+        callback._tfdist_state.remove()  # pylint: disable=protected-access
+        if keeps_rank_state(strategy):
             _barrier(strategy, "before deleting the backup")
 
     callback.on_train_end = on_train_end  # assigned, not wrapped: the same on every call
@@ -161,12 +114,6 @@ def _barrier(strategy, what):
         communicator.barrier()
 
 
-def keeps_rank_state(strategy):
-    """Whether the strategy's compressor keeps state of each rank's own (residuals)."""
-    compressor = getattr(strategy.extended.aggregator, "compressor", None)
-    return getattr(compressor, "keeps_rank_state", False)
-
-
 def _delete_after_every_rank(callback, strategy):
     """Where ranks keep their own state beside the backup, the chief deletes the backup
     directory at the end of fit only after every rank has removed its file (a barrier)."""
@@ -180,66 +127,13 @@ def _delete_after_every_rank(callback, strategy):
 
 
 # ---------------------------------------------------------------------- restoring
-def _read_training_state(callback):
-    """The chief's backup's `TrainingState`, or None (no backup, or one plain Keras wrote)."""
-    # pylint: disable=protected-access
-    path = callback._training_metadata_path
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path, "r") as f:
-        return TrainingState.from_json(json.loads(f.read()).get("tfdist"))
-
-
-def _load_saying_which_backup(callback):
-    """The chief's `_load_model`: an unreadable backup is named; Keras then falls back to the
-    previous one (`double_checkpoint=True`), or fails with what to do."""
-    # pylint: disable=protected-access
-    load = callback._load_model
-
-    def load_model():
-        try:
-            return load()
-        except OSError as error:
-            if tf.io.gfile.exists(callback._prev_weights_path):
-                print(f"tfdist: the backup in {callback.backup_dir} cannot be read ({error}): "
-                      "resuming from the previous one", flush=True)
-                raise
-            raise OSError(f"tfdist: the backup in {callback.backup_dir} cannot be read "
-                          f"({error}), and there is no previous one to resume from "
-                          "(BackupAndRestore(double_checkpoint=True) keeps one)") from error
-
-    callback._load_model = load_model
-
-
 def _restore_and_resume(callback, restore, strategy, logs=None):
-    """`on_train_begin`: the chief restores; every rank gets its weights and training state."""
+    """`on_train_begin`: the chief restores; every rank gets its weights and training state
+    (`BackupState.restore`), and the fit resumes at the backup's position."""
     # pylint: disable=protected-access
-    model = callback.model
     callback._tfdist_position = (0, 0)
-    restored, state = False, None
-    if strategy.is_chief:
-        restored = tf.io.gfile.exists(callback._weights_path)
-        restore(logs)  # Keras' own: the weights, and the epoch into model._initial_epoch
-        state = _read_training_state(callback) if restored else None
-        if not restored and cluster_lib.restart_count():
-            print(f"tfdist: restart {cluster_lib.restart_count()}: no backup in "
-                  f"{callback.backup_dir}: training starts from the beginning", flush=True)
-    if strategy.world_size > 1:
-        communicator = strategy.extended.communicator
-        restored, epoch = communicator.broadcast(tf.constant(
-            [int(restored), model._initial_epoch or 0], tf.int64)).numpy()
-        if not restored:
-            return
-        model._initial_epoch = int(epoch) or None
-        state = TrainingState.share(communicator, state)
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        variables = list(model.weights) + list(model.optimizer.variables
-                                                if model.optimizer else [])
-        for variable in variables:
-            variable.assign(communicator.broadcast(variable.value))
-        rank_state.restore(model, callback._weights_path, strategy)
-    if restored and state is not None:
+    state = callback._tfdist_state.restore(restore, logs)
+    if state is not None:
         _resume(callback, state, strategy)
 
 
@@ -273,18 +167,19 @@ def _resume(callback, state, strategy):
 
 
 def _apply_steering_state(callback_list):
-    """After every callback's `on_train_begin` (which resets them): the backup's state."""
+    """After every callback's `on_train_begin` (which resets them): the backup's callbacks'
+    state (`BackupState.apply`)."""
     model = getattr(callback_list, "model", None)
     state = pending(model) if model is not None else None
     if state is None:
         return
     clear_pending(model)
+    for callback in callback_list.callbacks:
+        keeper = getattr(callback, "_tfdist_state", None)
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and keeper is not None:
+            keeper.apply(state, callback_list.callbacks)
+            return
     state.apply_callbacks(callback_list.callbacks)
-    backups = [c for c in callback_list.callbacks
-               if isinstance(c, keras.callbacks.BackupAndRestore)]
-    strategy = tfdist_strategy(model)
-    if backups and strategy is not None:
-        best_weights.restore(callback_list.callbacks, state, strategy, backups[0].backup_dir)
 
 
 # ---------------------------------------------------------------- the epoch iterator
@@ -445,22 +340,26 @@ def prepare(callbacks, model):
     for callback in callbacks:
         if not isinstance(callback, keras.callbacks.BackupAndRestore):
             continue
-        callback._tfdist_callbacks = callbacks  # pylint: disable=protected-access
-        if getattr(callback, "_tfdist_prepared", False):
-            continue
-        callback._tfdist_prepared = True  # pylint: disable=protected-access
-        _track_position(callback)
-        if strategy.is_chief:
-            callback._save_model = functools.partial(  # pylint: disable=protected-access
-                _save_with_training_state, callback, strategy)
-            _load_saying_which_backup(callback)
-            if strategy.world_size > 1 and keeps_rank_state(strategy):
-                _delete_after_every_rank(callback, strategy)
-        else:
-            _write_own_state_only(callback, strategy)
-        callback.on_train_begin = functools.partial(_restore_and_resume, callback,
-                                                    callback.on_train_begin, strategy)
-        _armed_while_training(callback, strategy)
+        if getattr(callback, "_tfdist_state", None) is None:
+            _prepare(callback, strategy)
+        callback._tfdist_state.callbacks = callbacks  # pylint: disable=protected-access
+
+
+def _prepare(callback, strategy):
+    """Give `callback` its `BackupState` and the hooks that use it (once per callback)."""
+    # pylint: disable=protected-access
+    keeper = callback._tfdist_state = BackupState(callback, strategy)
+    _track_position(callback)
+    callback._save_model = lambda *args, **kwargs: keeper.save(*callback._tfdist_position)
+    if strategy.is_chief:
+        keeper.name_unreadable_backups()
+        if strategy.world_size > 1 and keeps_rank_state(strategy):
+            _delete_after_every_rank(callback, strategy)
+    else:
+        _write_own_state_only(callback, strategy)
+    callback.on_train_begin = functools.partial(_restore_and_resume, callback,
+                                                callback.on_train_begin, strategy)
+    _armed_while_training(callback, strategy)
 
 
 def install():

@@ -26,7 +26,7 @@ import keras
 
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
-from tfdist.strategies.keras_patches import backup
+from tfdist.strategies.keras_patches import backup, backup_state
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)
 
@@ -212,7 +212,7 @@ def _with_step_timeout(model, callbacks):
 def _for_non_chief(callbacks, strategy):
     """A non-chief rank's callbacks: no writers, except `ModelCheckpoint` where the gradient
     compressor keeps per-rank state (its `model.save` writes only that, `rank_state`)."""
-    own_state = backup.keeps_rank_state(strategy)
+    own_state = backup_state.keeps_rank_state(strategy)
     return [callback for callback in (keras.tree.flatten(callbacks) if callbacks else [])
             if not isinstance(callback, _CHIEF_ONLY_WRITERS)
             or (own_state and isinstance(callback, keras.callbacks.ModelCheckpoint))]
