@@ -180,6 +180,18 @@ def kill_when_reached(job, victim, phase):
     return killed
 
 
+def kill_and_wait(job, victim, phase):
+    """Kill `victim` at `phase` (it must get there), wait for the job: (exit codes, output)."""
+    try:
+        killed = kill_when_reached(job, victim, phase)
+        codes = job.wait()
+    finally:
+        job.kill_all()
+    output = "".join(job.output)
+    assert killed is not None, f"{victim} never reached {phase}:\n{output[-3000:]}"
+    return codes, output
+
+
 @pytest.mark.parametrize("case", case_parameters(CASES, FAST,
                                                   lambda name: CASES[name][0] in (
                                                       "horovodrun", "mpirun", "srun")))
@@ -189,13 +201,7 @@ def test_sigkill_fails_the_job_cleanly(tmp_path, case):
         require_launcher(launcher)
     args = [script("kill_target.py"), str(tmp_path)] + strategy_args
     job = Job(launcher, workers, servers, args, RUN_TIMEOUTS.get(case, RUN_TIMEOUT))
-    try:
-        killed = kill_when_reached(job, victim, phase)
-        codes = job.wait()
-    finally:
-        job.kill_all()
-    output = "".join(job.output)
-    assert killed is not None, f"{victim} never reached {phase}:\n{output[-3000:]}"
+    codes, output = kill_and_wait(job, victim, phase)
     assert all(code not in (0, None) for code in codes), (codes, output[-3000:])
     assert not re.search(r"(rank|server) \d+ finished", output), output[-3000:]
     if message:
@@ -228,13 +234,7 @@ def test_sigkill_under_max_restarts_resumes_like_the_run_never_killed(tmp_path, 
     args = [script("kill_target.py"), str(tmp_path), "--backup"] + strategy_args
     job = Job("tfdist-run", workers, servers, args, RUN_TIMEOUT,
               extra_launcher=["--max-restarts", "1"])
-    try:
-        killed = kill_when_reached(job, victim, phase)
-        codes = job.wait()
-    finally:
-        job.kill_all()
-    output = "".join(job.output)
-    assert killed is not None, f"{victim} never reached {phase}:\n{output[-3000:]}"
+    codes, output = kill_and_wait(job, victim, phase)
     assert codes == [0], (codes, output[-3000:])
     assert message in output and "restarting the job (1 of 1 restarts)" in output, output[-4000:]
     # Killed before the first backup, or after fit deleted it (evaluate): from the beginning.

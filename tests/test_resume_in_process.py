@@ -103,25 +103,31 @@ def test_a_backup_at_an_epochs_last_step_resumes_with_that_epochs_logs(tmp_path,
     assert_resumed_like(reference, resumed)
 
 
-def test_a_preemption_notice_to_one_rank_backs_up_every_rank_at_the_next_step(tmp_path, plain):
-    """Rank 1 of 3 gets the notice after step 22, twice: the next step carries it, so every
-    rank backs up after step 23 - mid-epoch, although the backup saves at epoch ends only -
-    and exits with code 42; rerun at 2 ranks, the job goes on at step 24 and ends as the
-    plain script never stopped."""
-    reference = plain("numpy")
+def preempted_at_3_ranks(tmp_path, options):
+    """Train at 3 simulated ranks with `options(rank)` until a notice stops them: every rank
+    must exit with 42; the backup's position."""
 
     def preempted(rank):
         try:
             resume_mid_epoch.train(str(tmp_path / "stopped"), str(tmp_path / "backup"), "ring",
-                                   "numpy", notice_at_step=22 if rank == 1 else None,
-                                   save_freq="epoch")
+                                   "numpy", **options(rank))
         except SystemExit as stop:
             return stop.code
         return "finished"
 
     assert simulate_processes(3, preempted) == [PREEMPTED_EXIT_CODE] * 3
     with open(tmp_path / "backup" / "training_metadata.json") as f:
-        position = json.load(f)["tfdist"]["position"]
+        return json.load(f)["tfdist"]["position"]
+
+
+def test_a_preemption_notice_to_one_rank_backs_up_every_rank_at_the_next_step(tmp_path, plain):
+    """Rank 1 of 3 gets the notice after step 22, twice: the next step carries it, so every
+    rank backs up after step 23 - mid-epoch, although the backup saves at epoch ends only -
+    and exits with code 42; rerun at 2 ranks, the job goes on at step 24 and ends as the
+    plain script never stopped."""
+    reference = plain("numpy")
+    position = preempted_at_3_ranks(tmp_path, lambda rank: {
+        "notice_at_step": 22 if rank == 1 else None, "save_freq": "epoch"})
     assert position["iterations"] == 23 and position["steps_done"] == 11, position
     resumed = run(tmp_path, "resumed", 2, "tree", "numpy", save_freq="epoch")[0]
     assert_resumed_like(reference, resumed)
@@ -149,25 +155,15 @@ def test_a_notice_is_taken_at_the_next_step_whenever_it_arrives(tmp_path, monkey
 
         monkeypatch.setattr(backup_state, "save_backup", write_then_notice)
 
-    def preempted(rank):
-        options = {"save_freq": "epoch"}
+    def options(rank):
         if when.startswith("to-every-rank"):
-            options["notice_at_step"] = 22
-        elif when.startswith("to-rank-1"):
-            options.update(notice_at_step=19 if rank == 1 else None, notice_before_step=True)
-        else:
-            options["save_freq"] = 5
-        try:
-            resume_mid_epoch.train(str(tmp_path / "stopped"), str(tmp_path / "backup"), "ring",
-                                   "numpy", **options)
-        except SystemExit as stop:
-            return stop.code
-        return "finished"
+            return {"notice_at_step": 22, "save_freq": "epoch"}
+        if when.startswith("to-rank-1"):
+            return {"notice_at_step": 19 if rank == 1 else None, "notice_before_step": True,
+                    "save_freq": "epoch"}
+        return {"save_freq": 5}
 
-    assert simulate_processes(3, preempted) == [PREEMPTED_EXIT_CODE] * 3
-    with open(tmp_path / "backup" / "training_metadata.json") as f:
-        position = json.load(f)["tfdist"]["position"]
-    assert position["iterations"] == backed_up_at, position
+    assert preempted_at_3_ranks(tmp_path, options)["iterations"] == backed_up_at
 
 
 def test_early_stopping_restores_the_best_weights_of_before_the_resume(tmp_path, plain):
