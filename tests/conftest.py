@@ -48,7 +48,7 @@ def _without_strategy(options):
 # `make test-fast` (pytest -m in_process), which `make test` runs first.
 IN_PROCESS_FILES = {
     "test_aggregators_in_process.py", "test_async_store_in_process.py",
-    "test_checkpoints_in_process.py", "test_cluster.py",
+    "test_checkpoints_in_process.py", "test_cluster.py", "test_gpu_placement.py",
     "test_keras_in_process.py", "test_simulation_in_process.py",
     "test_cost_model_units.py", "test_cpu_share.py", "test_lars.py", "test_lr_callbacks.py",
     "test_profiling_in_process.py", "test_quiet_output.py", "test_recommend.py",

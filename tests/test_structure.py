@@ -14,7 +14,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 # its TF-free names at the bottom, each other module beside the layer that uses it).
 LAYERS = [
     ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
-     "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share", "tfdist.profiling", "tfdist.profiling.names"),
+     "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share",
+     "tfdist.gpu_placement", "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.runtime", "tfdist.simulation"),

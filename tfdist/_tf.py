@@ -205,3 +205,8 @@ def computable_ahead(tensor):
     return not has_ancestor(
         tensor, lambda op: op.type in ("Placeholder", "ReadVariableOp") or op._is_stateful,  # pylint: disable=protected-access
         control_inputs=True)
+
+
+def runtime_started():
+    """Whether TensorFlow's eager runtime (its context: devices, thread pools) has started."""
+    return context.context()._context_handle is not None  # pylint: disable=protected-access

@@ -162,7 +162,9 @@ def discover(environ=None):
                                    local_size=_int_env(environ, "HOROVOD_LOCAL_SIZE", default=1))
     if environ.get("TF_CONFIG", "").strip():
         found = parse_tf_config(environ["TF_CONFIG"], timeout=timeout)
-        return dataclasses.replace(found, local_size=_tasks_beside(found))
+        beside = _tasks_beside(found)
+        return dataclasses.replace(found, local_rank=beside.index(_my_address(found)),
+                                   local_size=len(beside))
     if "OMPI_COMM_WORLD_RANK" in environ:
         return dataclasses.replace(
             _from_open_mpi(environ, timeout),
@@ -177,13 +179,17 @@ def discover(environ=None):
     return Cluster(timeout=timeout)
 
 
-def _tasks_beside(found):
-    """TF_CONFIG: how many of the cluster's tasks share this task's host name."""
-    everyone = found.worker_addresses + found.server_addresses
-    mine = (found.server_addresses[found.server_index] if found.is_server
+def _my_address(found):
+    return (found.server_addresses[found.server_index] if found.is_server
             else found.worker_addresses[found.rank])
-    host = mine.rsplit(":", 1)[0]
-    return max(1, sum(address.rsplit(":", 1)[0] == host for address in everyone))
+
+
+def _tasks_beside(found):
+    """TF_CONFIG: the addresses of the cluster's tasks on this task's host (its host name),
+    workers in rank order, then servers: a worker's index among them is its local rank."""
+    host = _my_address(found).rsplit(":", 1)[0]
+    return [address for address in found.worker_addresses + found.server_addresses
+            if address.rsplit(":", 1)[0] == host]
 
 
 def _srun_tasks_on_this_node(environ):

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Ty
 from absl import logging
 
 from tfdist import cluster as cluster_lib
-from tfdist import cpu_share
+from tfdist import cpu_share, gpu_placement
 from tfdist import quiet_output
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ def cluster() -> cluster_lib.Cluster:
             _cluster = cluster_lib.discover()
             quiet_output.after_discovery(_cluster)
             cpu_share.share_cpus(_cluster)
+            gpu_placement.place(_cluster)  # before anything starts TensorFlow's runtime
         return _cluster
 
 
@@ -112,12 +113,15 @@ def launched_with_horovod() -> bool:
 
 
 def communicator(engine: str = "collective",
-                 fusion_threshold_bytes: Optional[int] = None) -> "Communicator":
+                 fusion_threshold_bytes: Optional[int] = None,
+                 implementation: Optional[str] = None) -> "Communicator":
     """The process-wide `tfdist.comm.base.Communicator` on `engine`.
 
     With one training process it is the `SingleProcessCommunicator`, whatever
     the engine. `fusion_threshold_bytes` configures Horovod's fusion buffer
-    when this call initializes Horovod (ignored otherwise).
+    when this call initializes Horovod (ignored otherwise); `implementation`
+    the collective engine's choice of TensorFlow implementation
+    (`tf_collective.collective_placement`; the latest call's stands).
     """
     global _single_process
     if engine not in ENGINES:
@@ -138,6 +142,8 @@ def communicator(engine: str = "collective",
                 else _start_collective(spec)
             )
             _register_shutdown()
+        if implementation is not None and engine == "collective":
+            _communicators[engine].implementation = implementation
         return _communicators[engine]
 
 

@@ -3,7 +3,17 @@
 Each training process runs one TensorFlow gRPC server (task `/job:worker/task:R`);
 `CollectiveReduceV2`, `CollectiveGatherV2` and `CollectiveBcastSend/RecvV2`
 then move tensors between processes, in eager mode and inside `tf.function`
-alike. On CPU the reduction is TensorFlow's ring algorithm.
+alike.
+
+Where and how (`collective_placement`): a collective runs on the device of
+its input - a host tensor on this task's CPU, a GPU tensor on this task's
+GPU, so GPU gradients make no round trip through host memory - with
+TensorFlow's implementation chosen per kind: an all-reduce of GPU tensors
+with NCCL (as MultiWorkerMirroredStrategy does), everything else (host
+tensors, all-gather, broadcast, point-to-point) with TensorFlow's ring. The
+choice is the communicator's `implementation`: "auto" (that rule), "ring"
+(ring everywhere) or "nccl" (the same as "auto": NCCL exists only for GPU
+tensors); `RingAllReduceStrategy(implementation=...)` sets it.
 
 Instance keys (which op on one rank matches which op on another) come from
 a per-process counter as collectives are created - eagerly, or when a
@@ -75,6 +85,22 @@ def _waits_on_peers(method):
     return wrapper
 
 
+IMPLEMENTATIONS = ("auto", "ring", "nccl")
+
+
+def collective_placement(rank, tensor_device, kind, implementation="auto"):
+    """(device, TensorFlow communication hint) of a collective of `kind` ("all_reduce",
+    "all_gather", "broadcast") whose input lives on `tensor_device` (a device string,
+    possibly empty: the host)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}. "
+                         f"Got: {implementation!r}")
+    on_gpu = "GPU" in (tensor_device or "").upper()
+    device = task_name(rank) + ("/device:GPU:0" if on_gpu else "/device:CPU:0")
+    nccl = on_gpu and kind == "all_reduce" and implementation != "ring"
+    return device, ("nccl" if nccl else "ring")
+
+
 # What TensorFlow's all-gather kernel takes; other dtypes travel as int32 words.
 _GATHER_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
@@ -89,12 +115,14 @@ class CollectiveCommunicator(Communicator):
     engine = "collective"
     supports_point_to_point = True
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, implementation="auto"):
         self.rank = cluster.rank
         self.world_size = cluster.world_size
         self.addresses = tuple(cluster.worker_addresses)
         self.timeout = float(cluster.timeout)
-        self.device = task_name(self.rank) + "/device:CPU:0"
+        self.device = task_name(self.rank) + "/device:CPU:0"  # start-up and host collectives
+        collective_placement(self.rank, "", "all_reduce", implementation)  # a valid choice
+        self.implementation = implementation
         self._keys = TraceStableCounter(FIRST_INSTANCE_KEY)
         self._monitor = None  # watching starts once every peer has answered
         if len(self.addresses) != self.world_size:
@@ -219,11 +247,17 @@ class CollectiveCommunicator(Communicator):
     @_waits_on_peers
     def all_reduce(self, tensor, group_size=None, group_key=WORLD_GROUP_KEY):
         """Element-wise sum of `tensor` over the group (every rank gets it)."""
-        with tf.device(self.device):
+        tensor = tf.convert_to_tensor(tensor)
+        device, hint = self._placement(tensor, "all_reduce")
+        with tf.device(device):
             return _tf.all_reduce_v2(
                 tensor, group_size or self.world_size, group_key, self.instance_key(),
-                communication_hint="ring", timeout=self._op_timeout(),
+                communication_hint=hint, timeout=self._op_timeout(),
             )
+
+    def _placement(self, tensor, kind):
+        return collective_placement(self.rank, getattr(tensor, "device", ""), kind,
+                                    self.implementation)
 
     @_waits_on_peers
     def all_gather(self, tensor):
@@ -239,7 +273,8 @@ class CollectiveCommunicator(Communicator):
         gathered (fixed size), then the padded data.
         """
         tensor = tf.convert_to_tensor(tensor)
-        with tf.device(self.device):
+        device, hint = self._placement(tensor, "all_gather")
+        with tf.device(device):
             shape = tf.shape(tensor, out_type=tf.int32)
             shapes = self._gather_equal(shape[None])  # [P, rank]
             sizes = tf.reduce_prod(shapes, axis=1)
@@ -253,7 +288,7 @@ class CollectiveCommunicator(Communicator):
             padded = tf.pad(flat, [[0, capacity - tf.size(flat)]])
             gathered = _tf.all_gather_v2(
                 padded, self.world_size, WORLD_GROUP_KEY, base_key + bucket,
-                communication_hint="ring", timeout=self._op_timeout(),
+                communication_hint=hint, timeout=self._op_timeout(),
             )
             starts = tf.range(self.world_size, dtype=tf.int32) * capacity
             keep = tf.ragged.range(starts, starts + sizes).flat_values
@@ -265,7 +300,7 @@ class CollectiveCommunicator(Communicator):
         """Every rank's `tensor` (one static shape on all ranks) stacked: [P] + its shape;
         one all-gather, no padding."""
         tensor = checked_static_shape(tensor, "all_gather_equal")
-        with tf.device(self.device):
+        with tf.device(self._placement(tensor, "all_gather")[0]):
             if tensor.dtype in _GATHER_DTYPES:
                 return self._gather_equal(tensor[None])
             return self._gather_as_words(tensor)
@@ -287,7 +322,8 @@ class CollectiveCommunicator(Communicator):
     def _gather_equal(self, tensor):
         return _tf.all_gather_v2(
             tensor, self.world_size, WORLD_GROUP_KEY, self.instance_key(),
-            communication_hint="ring", timeout=self._op_timeout(),
+            communication_hint=self._placement(tensor, "all_gather")[1],
+            timeout=self._op_timeout(),
         )
 
     @_waits_on_peers
@@ -295,17 +331,18 @@ class CollectiveCommunicator(Communicator):
         """Every rank gets `root`'s `tensor` (same shape and dtype on all ranks)."""
         tensor = tf.convert_to_tensor(tensor)
         key = self.instance_key()
-        with tf.device(self.device):
+        device, hint = self._placement(tensor, "broadcast")
+        with tf.device(device):
             if self.rank == root:
                 send = _tf.broadcast_send_v2(
                     tensor, self.world_size, WORLD_GROUP_KEY, key,
-                    communication_hint="ring", timeout=self._op_timeout(),
+                    communication_hint=hint, timeout=self._op_timeout(),
                 )
                 with tf.control_dependencies([send]):
                     return tf.identity(tensor)
             return _tf.broadcast_recv_v2(
                 tf.shape(tensor), tensor.dtype, self.world_size, WORLD_GROUP_KEY, key,
-                communication_hint="ring", timeout=self._op_timeout(),
+                communication_hint=hint, timeout=self._op_timeout(),
             )
 
     def pair_group_key(self, peer):
@@ -321,7 +358,7 @@ class CollectiveCommunicator(Communicator):
         in-graph point-to-point transfer across processes. Returns the send op
         (it completes when the peer has received).
         """
-        with tf.device(self.device):
+        with tf.device(self.device):  # host memory on both ends (`recv` cannot see the sender's)
             return _tf.broadcast_send_v2(
                 tensor, 2, self.pair_group_key(peer), instance_key,
                 communication_hint="ring", timeout=self._op_timeout(),
@@ -330,7 +367,7 @@ class CollectiveCommunicator(Communicator):
     @_waits_on_peers
     def recv(self, shape, dtype, peer, instance_key):
         """Receive the tensor that rank `peer` sends with the same instance key."""
-        with tf.device(self.device):
+        with tf.device(self.device):  # host memory, as the sender's (`send`)
             tensor = _tf.broadcast_recv_v2(
                 tf.constant(shape.as_list() if isinstance(shape, tf.TensorShape) else shape,
                             dtype=tf.int32),

@@ -58,9 +58,11 @@ from tfdist.strategies.sharding import batch_rows, leading_rows, shard_global_ba
 
 
 def _local_device(cluster):
-    gpus = tf.config.list_physical_devices("GPU")
+    """This process's device: its one visible GPU (`gpu_placement` left only that one), or of
+    several a script made visible itself, the one of its local rank; else the CPU."""
+    gpus = tf.config.get_visible_devices("GPU")
     if gpus:
-        return f"/device:GPU:{cluster.local_rank % len(gpus)}"
+        return f"/device:GPU:{cluster.local_rank % len(gpus) if len(gpus) > 1 else 0}"
     return "/device:CPU:0"
 
 

@@ -4,6 +4,7 @@ from tfdist import chief_log, runtime
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
+from tfdist.comm.tf_collective import collective_placement
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
 BACKENDS = ("auto", "horovod", "collective")
@@ -49,6 +50,12 @@ class RingAllReduceStrategy(DataParallelStrategy):
             `TopK(ratio=...)`, `SignSGD()` (or their names, with defaults):
             lossy, with error feedback; any `tfdist.compression.Compressor`.
             Each compressor's module states its guarantee and cost.
+        implementation: with the "collective" backend, TensorFlow's collective
+            implementation: "auto" (GPU gradients summed with NCCL on their
+            GPU, host tensors with the ring), "ring" (the ring everywhere) or
+            "nccl" (as "auto": NCCL exists for GPU tensors only); see
+            `tfdist.comm.tf_collective.collective_placement`. Process-wide:
+            the communicator is shared by every strategy of the process.
 
     Example:
 
@@ -63,11 +70,14 @@ class RingAllReduceStrategy(DataParallelStrategy):
     """
 
     def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
-                 compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
+                 compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
+                 implementation="auto"):
         self.backend = resolve_backend(backend)
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
+        collective_placement(0, "", "all_reduce", implementation)  # refuse a bad choice early
+        self.implementation = implementation
         engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
-                          if self.backend == "horovod" else {})
+                          if self.backend == "horovod" else {"implementation": implementation})
         super().__init__(
             lambda communicator: RingAllReduceAggregator(
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
