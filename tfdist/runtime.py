@@ -143,7 +143,11 @@ def communicator(engine: str = "collective",
             )
             _register_shutdown()
         if implementation is not None and engine == "collective":
-            _communicators[engine].implementation = implementation
+            from tfdist.comm.tf_collective import CollectiveCommunicator
+
+            collective = _communicators[engine]
+            if isinstance(collective, CollectiveCommunicator):
+                collective.implementation = implementation
         return _communicators[engine]
 
 
