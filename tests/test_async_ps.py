@@ -32,7 +32,9 @@ def run(tmp_path, workers, servers, *options):
     pytest.param(1, 0, "none", -1, marks=pytest.mark.slow),  # one worker is one process
     (2, 0, "none", 1),   # Downpour, co-located servers, rank 1 slower
     (3, 2, "1", 1),      # SSP, dedicated servers
-    (3, 1, "0", 2),      # lock-step
+    # Lock-step (tau 0; make test-all: the gate's tau 0 is checked in-process,
+    # test_async_store_in_process.py).
+    pytest.param(3, 1, "0", 2, marks=pytest.mark.slow),
 ])
 def test_every_update_is_applied_once(tmp_path, workers, servers, staleness, straggler):
     """The gradient does not depend on the weights: the end is one process's end, exactly."""
@@ -125,6 +127,7 @@ def test_a_notice_backs_up_the_servers_optimizer_state_and_the_rerun_continues_i
         np.testing.assert_allclose(result["weights"], result["expected"], atol=TOLERANCE)
 
 
+@pytest.mark.slow  # make test-all: co-located servers and horovodrun each run in make test
 @pytest.mark.horovod
 def test_async_under_horovodrun_with_co_located_servers(tmp_path):
     prefix = str(tmp_path / "async")

@@ -65,8 +65,9 @@ CONFIGURATIONS = {
     "ring-horovod": ("horovodrun", signal.SIGKILL, 2, 2, "numpy",
                      ["--strategy", "ring", "--backend", "horovod"], None),
 }
-FAST = ("ring-restarted", "ps-dedicated-2-to-3", "sigterm-no-shared-filesystem-3-to-2",
-        "ray-restarted")
+# make test: a kill restarted by tfdist-run, a notice to one rank rerun at fewer processes,
+# Ray's restart; the rest (sync PS P -> P+1 among them) in make test-all.
+FAST = ("ring-restarted", "sigterm-no-shared-filesystem-3-to-2", "ray-restarted")
 RESTARTS = ("--max-restarts", "--max-failures")
 RESUMED_AT = re.compile(r"resuming from the backup in \S+: epoch (\d+) after (\d+) of its steps")
 
