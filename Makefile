@@ -32,7 +32,7 @@ demo: install  ## train a CNN on the bundled digits data with 2 processes
 typecheck: install  ## mypy on the declared interfaces (pyproject.toml [tool.mypy]), seconds
 	$(BIN)/python -m mypy
 
-test-fast: typecheck  ## the type check, then the in-process tier: no process launched, 2.5-3 min
+test-fast: typecheck  ## the type check, then the in-process tier: no process launched, about 3 min
 	$(BIN)/python -m pytest -x -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
 test: test-fast  ## make test-fast, then the multi-process tests (loopback), 18-20 min in all
