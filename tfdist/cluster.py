@@ -184,12 +184,25 @@ def _my_address(found):
             else found.worker_addresses[found.rank])
 
 
+def _host(address):
+    return address.rsplit(":", 1)[0]
+
+
 def _tasks_beside(found):
     """TF_CONFIG: the addresses of the cluster's tasks on this task's host (its host name),
     workers in rank order, then servers: a worker's index among them is its local rank."""
-    host = _my_address(found).rsplit(":", 1)[0]
+    host = _host(_my_address(found))
     return [address for address in found.worker_addresses + found.server_addresses
-            if address.rsplit(":", 1)[0] == host]
+            if _host(address) == host]
+
+
+def workers_on_this_host(found):
+    """How many training processes share this worker's host name, where the addresses are
+    known at discovery (tfdist-run, TF_CONFIG, Kubernetes); None where they are not."""
+    if not found.worker_addresses or found.is_server:
+        return None
+    host = _host(found.worker_addresses[found.rank])
+    return sum(_host(address) == host for address in found.worker_addresses)
 
 
 def _srun_tasks_on_this_node(environ):

@@ -40,6 +40,8 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
+from tfdist import cluster as cluster_lib
+
 ENV_SHARE_GPUS = "TFDIST_SHARE_GPUS"
 ENV_GPU_PLACEMENT = "TFDIST_GPU_PLACEMENT"
 
@@ -66,16 +68,11 @@ def _flag(environ, name):
 
 
 def training_processes_here(cluster) -> int:
-    """Training processes on this host (parameter servers left out), at least 1: every one of
-    tfdist-run's, TF_CONFIG's workers of this host name, the launcher's local size otherwise
-    (horovodrun, mpirun, srun; 1 for one process or one Kubernetes pod)."""
-    if cluster.launcher == "tfdist-run":
-        return max(1, cluster.world_size)
-    if cluster.launcher == "TF_CONFIG" and cluster.worker_addresses:
-        mine = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
-        return max(1, sum(address.rsplit(":", 1)[0] == mine
-                          for address in cluster.worker_addresses))
-    return max(1, cluster.local_size)
+    """Training processes on this host (parameter servers left out), at least 1: the workers
+    of this host name where the addresses are known (tfdist-run, TF_CONFIG, Kubernetes), the
+    launcher's local size otherwise (horovodrun, mpirun, srun; 1 for one process)."""
+    known = cluster_lib.workers_on_this_host(cluster)
+    return max(1, known if known is not None else cluster.local_size)
 
 
 def choose(cluster, physical: Sequence[str], visible: Sequence[str], runtime_started: bool,

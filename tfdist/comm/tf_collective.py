@@ -88,13 +88,19 @@ def _waits_on_peers(method):
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
 
+def check_implementation(implementation):
+    """`implementation` if it is one of IMPLEMENTATIONS, else a ValueError naming them."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}. "
+                         f"Got: {implementation!r}")
+    return implementation
+
+
 def collective_placement(rank, tensor_device, kind, implementation="auto"):
     """(device, TensorFlow communication hint) of a collective of `kind` ("all_reduce",
     "all_gather", "broadcast") whose input lives on `tensor_device` (a device string,
     possibly empty: the host)."""
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}. "
-                         f"Got: {implementation!r}")
+    check_implementation(implementation)
     on_gpu = "GPU" in (tensor_device or "").upper()
     device = task_name(rank) + ("/device:GPU:0" if on_gpu else "/device:CPU:0")
     nccl = on_gpu and kind == "all_reduce" and implementation != "ring"
@@ -121,8 +127,7 @@ class CollectiveCommunicator(Communicator):
         self.addresses = tuple(cluster.worker_addresses)
         self.timeout = float(cluster.timeout)
         self.device = task_name(self.rank) + "/device:CPU:0"  # start-up and host collectives
-        collective_placement(self.rank, "", "all_reduce", implementation)  # a valid choice
-        self.implementation = implementation
+        self.implementation = check_implementation(implementation)
         self._keys = TraceStableCounter(FIRST_INSTANCE_KEY)
         self._monitor = None  # watching starts once every peer has answered
         if len(self.addresses) != self.world_size:

@@ -4,7 +4,7 @@ from tfdist import chief_log, runtime
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
-from tfdist.comm.tf_collective import collective_placement
+from tfdist.comm.tf_collective import check_implementation
 from tfdist.strategies.data_parallel import DataParallelStrategy
 
 BACKENDS = ("auto", "horovod", "collective")
@@ -74,8 +74,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
                  implementation="auto"):
         self.backend = resolve_backend(backend)
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
-        collective_placement(0, "", "all_reduce", implementation)  # refuse a bad choice early
-        self.implementation = implementation
+        self.implementation = check_implementation(implementation)  # refused before anything starts
         engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
                           if self.backend == "horovod" else {"implementation": implementation})
         super().__init__(
