@@ -5,7 +5,11 @@ For each payload size, times in the same processes and interleaved:
   tfdist_horovod     tfdist's RingAllReduceAggregator on Horovod, same tensor;
   raw_horovod_16     the payload as 16 tensors in one `hvd.grouped_allreduce`;
   tfdist_horovod_16  the same 16 tensors through tfdist on Horovod;
-  tfdist_collective  tfdist's RingAllReduceAggregator on TF collectives (gRPC).
+  tfdist_collective  tfdist's RingAllReduceAggregator on TF collectives (gRPC);
+  tfdist_collective_one_bucket
+                     the same with buckets as large as the payload: one fused
+                     all-reduce, run in 16 subdivisions from 16 MiB
+                     (`tfdist.comm.tf_collective.ring_subdivisions`).
 Bus bandwidth follows the NCCL convention: 2 (P - 1) / P * bytes / time.
 
 Usage: allreduce_backends.py OUT.json [SIZES]
@@ -17,6 +21,7 @@ from benchmarks.allreduce import collective_and_horovod, output_and_sizes, run_s
 from tfdist.aggregation.ring import RingAllReduceAggregator
 
 PIECES = 16
+ONE_BUCKET = 1 << 30
 
 
 def main():
@@ -34,6 +39,8 @@ def main():
         "raw_horovod_16": (raw, PIECES),
         "tfdist_horovod_16": (RingAllReduceAggregator(horovod).all_reduce, PIECES),
         "tfdist_collective": (RingAllReduceAggregator(collective).all_reduce, 1),
+        "tfdist_collective_one_bucket": (RingAllReduceAggregator(
+            collective, ONE_BUCKET, ONE_BUCKET).all_reduce, 1),
     }
     run_sizes(out, sizes, methods,
               {"tfdist_horovod_over_raw": ("tfdist_horovod", "raw_horovod"),

@@ -3,7 +3,7 @@
     tfdist-bench                      # everything
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
-                                      # anatomy, overlap, anchor, engines, peer,
+                                      # anatomy, overlap, anchor, engines, engine_step, peer,
                                       # emulated, compression_training
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
@@ -25,7 +25,8 @@ import sys
 import tempfile
 
 from benchmarks import (anatomy_report, anchor_report, async_report, compression_training,
-                        emulated_cluster, engine_curves, keras_patterns_report, large_batch,
+                        emulated_cluster, engine_curves, engine_step, keras_patterns_report,
+                        large_batch,
                         overlap_report, peer_report, profiling_report)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
@@ -222,7 +223,7 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,
          "overlap": overlap_report.run, "anchor": anchor_report.run,
          "emulated": emulated_cluster.run, "compression_training": compression_training.run,
-         "engines": engine_curves.run, "peer": peer_report.run}
+         "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run}
 # Need root and network namespaces, and take long: only when named.
 NOT_BY_DEFAULT = ("emulated", "compression_training")
 

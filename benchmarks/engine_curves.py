@@ -9,13 +9,21 @@ size (4 KB to 64 MB), Horovod's raw `grouped_allreduce` on that run's
 engine interleaved with tfdist's ring on TF collectives. Each engine is
 compared to the TF ring measured in the same processes at the same moment
 (mpi_over_tf, gloo_over_tf: medians over rounds); MPI over Gloo is the ratio
-of those two. Result: benchmarks/results/engine_curves.json and
-engine_curves.png (bus bandwidth, NCCL convention 2 (P - 1) / P bytes / time).
+of those two; tf_one_bucket is tfdist's ring with buckets as large as the
+payload (one fused all-reduce, subdivided from 16 MiB). The limit all three
+are read against is the host's memory copy (`memcpy_MBps`: numpy's copy of
+the payload, median of 20, in this process between rounds): an all-reduce
+on one host moves at least the payload through memory.
+Result: benchmarks/results/engine_curves.json and engine_curves.png (bus
+bandwidth, NCCL convention 2 (P - 1) / P bytes / time).
 """
 
 import json
 import os
 import statistics
+import time
+
+import numpy as np
 
 from benchmarks.harness import launch, launch_mpirun, mpirun_available, write_result
 from benchmarks.plotting import pyplot, save
@@ -37,15 +45,29 @@ def _run_once(tmp, engine, index):
     return rows
 
 
+def memcpy_mbps(nbytes, repeats=20):
+    """The host's memory-copy bandwidth for a payload of `nbytes` (MB/s, median)."""
+    source = np.ones(max(nbytes // 4, 1), np.float32)
+    target = np.empty_like(source)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e6
+
+
 def run(tmp):
     if not mpirun_available():
         print("engines: skipped - Open MPI's mpirun or a Horovod built with MPI is missing "
               "(make install provides both)", flush=True)
         return None
     runs = {engine: [] for engine in ENGINES}
+    memcpy = []
     for round_ in range(ROUNDS):
         for engine in (ENGINES if round_ % 2 == 0 else tuple(reversed(ENGINES))):
             runs[engine].append(_run_once(tmp, engine, len(runs["gloo"]) + len(runs["mpi"])))
+        memcpy.append({r["bytes"]: memcpy_mbps(r["bytes"]) for r in runs["gloo"][0]})
     sizes = [r["bytes"] for r in runs["gloo"][0]]
     table = []
     for i, nbytes in enumerate(sizes):
@@ -61,6 +83,18 @@ def run(tmp):
             row[f"{engine}_bus_bandwidth_MBps"] = _bus_bandwidth(nbytes, row[f"{engine}_ms"])
         row["tf_ms"] = statistics.median([row["tf_ms_in_gloo_runs"], row["tf_ms_in_mpi_runs"]])
         row["tf_bus_bandwidth_MBps"] = _bus_bandwidth(nbytes, row["tf_ms"])
+        one_bucket = [rows[i]["tfdist_collective_one_bucket"]["median_ms"]
+                      for engine in ENGINES for rows in runs[engine]]
+        row["tf_one_bucket_ms"] = statistics.median(one_bucket)
+        row["tf_one_bucket_bus_bandwidth_MBps"] = _bus_bandwidth(nbytes, row["tf_one_bucket_ms"])
+        row["tf_one_bucket_over_tf"] = statistics.median(
+            rows[i]["tfdist_collective_one_bucket"]["median_ms"]
+            / rows[i]["tfdist_collective"]["median_ms"]
+            for engine in ENGINES for rows in runs[engine])
+        row["memcpy_MBps"] = statistics.median(m[nbytes] for m in memcpy)
+        for engine in ("mpi", "gloo", "tf", "tf_one_bucket"):
+            row[f"{engine}_bus_bandwidth_over_memcpy"] = (
+                row[f"{engine}_bus_bandwidth_MBps"] / row["memcpy_MBps"])
         row["mpi_over_gloo"] = row["mpi_over_tf"] / row["gloo_over_tf"]
         table.append(row)
     fastest = {r["bytes"]: min(("mpi", "gloo", "tf"), key=lambda e: r[f"{e}_ms"]) for r in table}
@@ -69,6 +103,12 @@ def run(tmp):
             "mpi_over_tf": {str(r["bytes"]): round(r["mpi_over_tf"], 3) for r in table},
             "gloo_over_tf": {str(r["bytes"]): round(r["gloo_over_tf"], 3) for r in table},
             "mpi_over_gloo": {str(r["bytes"]): round(r["mpi_over_gloo"], 3) for r in table},
+            "tf_one_bucket_over_tf": {str(r["bytes"]): round(r["tf_one_bucket_over_tf"], 3)
+                                      for r in table},
+            "bus_bandwidth_over_memcpy": {
+                str(r["bytes"]): {e: round(r[f"{e}_bus_bandwidth_over_memcpy"], 4)
+                                  for e in ("mpi", "gloo", "tf", "tf_one_bucket")}
+                for r in table},
             "fastest_engine": {str(k): v for k, v in fastest.items()},
         },
         "rows": table, "rounds": ROUNDS,
@@ -76,8 +116,13 @@ def run(tmp):
                        "host: Horovod on Gloo (tfdist-run --horovod) and on MPI (Open MPI, "
                        "mpirun), each timed interleaved with tfdist's ring on TF collectives "
                        "in the same processes; *_over_tf: median over rounds of the per-run "
-                       "ratio; mpi_over_gloo = mpi_over_tf / gloo_over_tf; rounds alternate "
-                       "the launchers.",
+                       "ratio; mpi_over_gloo = mpi_over_tf / gloo_over_tf; tf_one_bucket: "
+                       "tfdist's ring with one bucket as large as the payload (subdivided "
+                       "from 16 MiB), over the default 4 MiB buckets in the same runs; "
+                       "memcpy_MBps: numpy copy of the payload in the parent process between "
+                       "rounds (median of 20 per round, median over rounds); "
+                       "*_bus_bandwidth_over_memcpy: each engine's bus bandwidth over it; "
+                       "rounds alternate the launchers.",
     }
     write_result("engine_curves.json", result)
     plot(table)
@@ -96,11 +141,15 @@ def plot(table):
     sizes = [r["bytes"] for r in table]
     for engine, color, label in (("mpi", "tab:green", "Horovod on MPI (Open MPI)"),
                                  ("gloo", "tab:blue", "Horovod on Gloo"),
-                                 ("tf", "tab:red", "tfdist ring on TF collectives")):
+                                 ("tf", "tab:red", "tfdist ring on TF collectives"),
+                                 ("tf_one_bucket", "tab:orange",
+                                  "tfdist ring, one bucket (subdivided from 16 MiB)")):
         left.plot(sizes, [r[f"{engine}_ms"] for r in table], marker="o", markersize=3,
                   color=color, label=label)
         right.plot(sizes, [r[f"{engine}_bus_bandwidth_MBps"] for r in table], marker="o",
                    markersize=3, color=color, label=label)
+    right.plot(sizes, [r["memcpy_MBps"] for r in table], "k--", label="memory copy (limit)")
+    right.legend(fontsize=7)
     for ax, ylabel in ((left, "median time per all-reduce (ms)"), (right, "bus bandwidth (MB/s)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

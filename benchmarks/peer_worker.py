@@ -1,10 +1,13 @@
 """Peer benchmark worker: the same training under tfdist (Keras 3) or tf-keras + MWMS.
 
-Usage: peer_worker.py OUT.json STRATEGY [--time [--epochs E]] [--exact DIR]
+Usage: peer_worker.py OUT.json STRATEGY [--time [--epochs E]] [--exact DIR] [--models M ...]
+                     [--bucket-mb MB]
 
 STRATEGY picks the framework:
   ring | tree | ps   Keras 3 with tfdist's RingAllReduceStrategy(backend="collective"),
                      ReductionTreeStrategy() or ParameterServerStrategy() (under tfdist-run)
+  horovod            Keras 3 with RingAllReduceStrategy(backend="horovod") (under
+                     `tfdist-run --horovod`: Gloo, or mpirun: MPI)
   mwms               tf-keras (Keras 2, TF_USE_LEGACY_KERAS=1) with
                      tf.distribute.MultiWorkerMirroredStrategy (one process per worker,
                      TF_CONFIG); runs in the peer environment, so nothing here imports tfdist
@@ -31,7 +34,7 @@ import time
 import numpy as np
 
 STARTED = time.perf_counter()
-TFDIST_STRATEGIES = ("ring", "tree", "ps")
+TFDIST_STRATEGIES = ("ring", "tree", "ps", "horovod")
 TF_KERAS = ("mwms", "tf_keras")
 MODELS = ("cnn", "mlp")
 CNN_SAMPLES, CNN_GLOBAL_BATCH = 22 * 64, 64
@@ -49,13 +52,18 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"epochs per timed training, the first untimed (default {EPOCHS})")
     parser.add_argument("--exact", metavar="DIR", help="run the correctness check into DIR")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="the models to train (default both)")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="ring and horovod: largest gradient bucket in MiB (default the "
+                             "strategy's)")
     args = parser.parse_args()
     if args.epochs is not None and args.epochs < 2:
         parser.error(f"--epochs must be >= 2 (the first is not timed). Got: {args.epochs}")
     return args
 
 
-def load_framework(name):
+def load_framework(name, bucket_mb=None):
     """(keras, tensorflow, strategy or None, rank, processes, tfdist module or None)."""
     if name in TF_KERAS:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
@@ -77,7 +85,11 @@ def load_framework(name):
 
     if name == "keras3":
         return keras, tf, None, 0, 1, tfdist
-    strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(backend="collective"),
+    buckets = {} if bucket_mb is None else {"fusion_threshold_bytes": int(bucket_mb * 2**20)}
+    strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(
+                    backend="collective", **buckets),
+                "horovod": lambda: tfdist.strategies.RingAllReduceStrategy(
+                    backend="horovod", **buckets),
                 "tree": tfdist.strategies.ReductionTreeStrategy,
                 "ps": tfdist.strategies.ParameterServerStrategy}[name]()
     return keras, tf, strategy, strategy.rank, strategy.world_size, tfdist
@@ -190,18 +202,18 @@ def exact_model(keras, strategy, processes, rank, name, model_name, directory):
 
 def main():
     args = parse_args()
-    keras, tf, strategy, rank, processes, tfdist = load_framework(args.strategy)
+    keras, tf, strategy, rank, processes, tfdist = load_framework(args.strategy, args.bucket_mb)
     result = {"strategy": args.strategy, "processes": processes,
               "framework": "tf_keras" if args.strategy in TF_KERAS else "keras3",
               "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
               "startup_seconds": time.perf_counter() - STARTED, "models": {}, "exact": {}}
     if args.time:
-        for model_name in MODELS:
+        for model_name in args.models:
             result["models"][model_name] = time_model(keras, tfdist, strategy, processes,
                                                       model_name,
                                                       args.epochs or EPOCHS[model_name])
     if args.exact:
-        for model_name in MODELS:
+        for model_name in args.models:
             result["exact"][model_name] = exact_model(keras, strategy, processes, rank,
                                                       args.strategy, model_name, args.exact)
     if rank == 0:

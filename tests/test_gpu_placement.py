@@ -157,12 +157,13 @@ def test_every_collective_of_host_tensors_runs_on_the_cpu_with_the_ring(monkeypa
     from tfdist.comm import tf_collective  # pylint: disable=import-outside-toplevel
     from tfdist.comm.trace_counter import TraceStableCounter  # pylint: disable=import-outside-toplevel
 
-    seen = []
+    seen, subdivisions = [], []
 
     def recorder(name, returns):
-        def record(*args, communication_hint, timeout):
+        def record(*args, communication_hint, timeout, max_subdivs_per_device=None):
             del timeout
             seen.append((name, tf.identity(tf.constant(0)).device, communication_hint))
+            subdivisions.append((name, args[0].shape.num_elements(), max_subdivs_per_device))
             return returns(*args)
         return record
 
@@ -188,3 +189,13 @@ def test_every_collective_of_host_tensors_runs_on_the_cpu_with_the_ring(monkeypa
     assert {name for name, _, _ in seen} == {"all_reduce", "all_gather", "send", "recv"}
     assert all(device == "/job:worker/replica:0/task:1/device:CPU:0" and hint == "ring"
                for _, device, hint in seen), seen
+    # A host all-reduce of 16 MiB or more runs the ring in 16 pieces per device; smaller ones
+    # (and shapes known only at run time) keep TensorFlow's default.
+    subdivisions.clear()
+    big = tf_collective.SUBDIVIDE_FROM_BYTES // 4
+    for spec in (tf.TensorSpec([big], tf.float32), tf.TensorSpec([big - 1], tf.float32),
+                 tf.TensorSpec([big // 2], tf.float64), tf.TensorSpec([None], tf.float32)):
+        tf.function(communicator.all_reduce).get_concrete_function(spec)
+    assert [s for name, _, s in subdivisions if name == "all_reduce"] == [
+        tf_collective.RING_SUBDIVISIONS, -1, tf_collective.RING_SUBDIVISIONS, -1], subdivisions
+    assert tf_collective.ring_subdivisions(tf.zeros([big]), "nccl") == -1

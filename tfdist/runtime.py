@@ -112,6 +112,18 @@ def launched_with_horovod() -> bool:
     return horovod_mpi_built()
 
 
+def horovod_transport() -> Optional[str]:
+    """The transport the launcher set up for Horovod: "gloo" (horovodrun, `tfdist-run
+    --horovod`: a Gloo rendezvous, or HOROVOD_CPU_OPERATIONS=gloo), "mpi" (mpirun with a
+    Horovod built with MPI), or None when Horovod does not know this process's peers."""
+    if not launched_with_horovod():
+        return None
+    if ("HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
+            or os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo"):
+        return "gloo"
+    return "mpi"
+
+
 def communicator(engine: str = "collective",
                  fusion_threshold_bytes: Optional[int] = None,
                  implementation: Optional[str] = None) -> "Communicator":

@@ -1,6 +1,6 @@
 """`RingAllReduceStrategy`: gradients summed with a ring all-reduce."""
 
-from tfdist import chief_log, runtime
+from tfdist import chief_log, engine_choice, runtime
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
@@ -10,19 +10,22 @@ from tfdist.strategies.data_parallel import DataParallelStrategy
 BACKENDS = ("auto", "horovod", "collective")
 
 
-def resolve_backend(backend):
-    """The engine for `backend`.
+def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
+    """(backend, why) for `backend`; why is None unless "auto" chose.
 
-    "auto" is Horovod when it is importable and this process was started by
-    horovodrun (or `tfdist-run --horovod`), otherwise TensorFlow's collectives.
+    "auto" is the fastest engine the job can run at buckets of `bucket_bytes`
+    (`tfdist.engine_choice`): Horovod on MPI or Gloo when its launcher gave
+    Horovod the peers (mpirun, horovodrun, `tfdist-run --horovod`) and it is
+    importable, otherwise TensorFlow's collectives.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}. Got: {backend!r}")
     if backend != "auto":
-        return backend
-    if runtime.launched_with_horovod() and horovod_available():
-        return "horovod"
-    return "collective"
+        return backend, None
+    transport = runtime.horovod_transport() if horovod_available() else None
+    engine, why = engine_choice.choose(
+        engine_choice.available_engines(transport is not None, transport or ""), bucket_bytes)
+    return engine_choice.backend_of(engine), why
 
 
 class RingAllReduceStrategy(DataParallelStrategy):
@@ -37,9 +40,11 @@ class RingAllReduceStrategy(DataParallelStrategy):
 
     Args:
         backend: "collective" (TensorFlow's collective ops over gRPC),
-            "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun or
-            `tfdist-run --horovod`), or "auto": Horovod when it is installed
-            and the process was started by horovodrun, else "collective".
+            "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun,
+            mpirun or `tfdist-run --horovod`), or "auto": the fastest engine
+            the job can run by measured curves (`tfdist.engine_choice`:
+            Horovod on MPI or Gloo when the launcher set it up, else
+            "collective"), said in one start-up line.
         fusion_threshold_bytes: largest gradient bucket, i.e. fused buffer
             (default 4 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
         first_bucket_bytes: largest first bucket (default 1 MiB): the last
@@ -72,8 +77,8 @@ class RingAllReduceStrategy(DataParallelStrategy):
     def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
                  compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
                  implementation="auto"):
-        self.backend = resolve_backend(backend)
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
+        self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts
         engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
                           if self.backend == "horovod" else {"implementation": implementation})
@@ -82,6 +87,6 @@ class RingAllReduceStrategy(DataParallelStrategy):
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
         )
-        if backend == "auto":
-            chief_log.info(self.is_chief, "tfdist RingAllReduceStrategy: backend 'auto' "
-                           "resolved to %r", self.backend, once=True)
+        if why is not None:
+            chief_log.info(self.is_chief, "tfdist RingAllReduceStrategy: backend 'auto': %s",
+                           why, once=True)

@@ -1,0 +1,221 @@
+"""`tfdist-bench --only engine_step`: the 5.8 M-parameter MLP's training step per engine vs the floor.
+
+What a big model's step costs on each engine tfdist can use, against the
+no-communication floor: P independent plain-Keras processes started at once,
+each at the same per-process batch (64 rows) - the same CPU contention, no
+gradient exchange. Configurations (`peer_worker.py`, the peer benchmark's
+worker: 784-2048-2048-10 MLP, SGD with momentum, one intra-op thread per
+process; median Keras step of the epochs after the first):
+
+* floor         P x `peer_worker.py keras3`, no tfdist, no communication;
+* ring          `RingAllReduceStrategy(backend="collective")`, default buckets
+                (TensorFlow's collectives over gRPC), under tfdist-run;
+* ring_big      the same with 32 MiB buckets: one fused all-reduce of the whole
+                23 MB gradient, which the communicator subdivides (16 pieces
+                per device from 16 MiB, see `tfdist.comm.tf_collective`);
+* horovod_gloo  `backend="horovod"` under `tfdist-run --horovod` (Gloo, TCP);
+* horovod_mpi   `backend="horovod"` under Open MPI's mpirun (shared memory);
+* mwms          tf-keras + `MultiWorkerMirroredStrategy` (the peer benchmark's
+                environment), the baseline users have.
+
+An engine that is not available here (no Horovod, no mpirun, no tf-keras
+peer) is skipped and named. Rounds alternate the order; every ratio is a
+configuration's step over the floor's of the same round, then the median
+over rounds. Result: benchmarks/results/engine_step.json and engine_step.png.
+
+    python -m benchmarks.engine_step [--processes 2 4] [--rounds 3]
+                                     [--peer-python PY] [--out NAME]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from benchmarks import peer_report
+from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi_root_env,
+                                write_result)
+from benchmarks.plotting import pyplot, save
+
+WORKER = os.path.join(HERE, "peer_worker.py")
+CONFIGS = ("floor", "ring", "ring_big", "horovod_gloo", "horovod_mpi", "mwms")
+BIG_BUCKET_MB = 32
+ROUNDS = 3
+PROCESSES = (2,)
+GOAL = 1.25  # the fastest engine's step at most 1.25x the floor (2 processes, this machine)
+EPOCHS = 4  # the first untimed: 30 timed steps per run
+
+
+def _worker(python, out, strategy, *options):
+    return [python, WORKER, out, strategy, "--time", "--models", "mlp", "--epochs",
+            str(EPOCHS), *options]
+
+
+def _env():
+    return peer_report._worker_env()  # pylint: disable=protected-access
+
+
+def _floor(tmp, processes, tag):
+    """P plain processes at once; their median steps, one per process."""
+    outs = [os.path.join(tmp, f"floor_{tag}_{i}.json") for i in range(processes)]
+    procs = [subprocess.Popen(_worker(sys.executable, out, "keras3"), env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for out in outs]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=peer_report.JOB_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise peer_report.JobFailed(f"floor process: exit code {proc.returncode}\n"
+                                        f"{output[-3000:]}")
+    steps = []
+    for out in outs:
+        with open(out) as f:
+            steps.append(json.load(f)["models"]["mlp"]["median_step_ms"])
+    return {"median_step_ms": statistics.median(steps), "per_process_ms": steps}
+
+
+def _distributed(tmp, config, processes, tag, peer_python):
+    out = os.path.join(tmp, f"{config}_{tag}.json")
+    if config == "mwms":
+        peer_report.launch_mwms(peer_python, processes, out,
+                                ["--time", "--models", "mlp", "--epochs", str(EPOCHS)])
+    else:
+        strategy = "ring" if config.startswith("ring") else "horovod"
+        options = ["--bucket-mb", str(BIG_BUCKET_MB)] if config == "ring_big" else []
+        worker = _worker(sys.executable, out, strategy, *options)
+        if config == "horovod_mpi":
+            command = mpirun_command(processes) + worker
+            env = dict(_env(), **open_mpi_root_env())
+        else:
+            flags = ["--horovod"] if config == "horovod_gloo" else []
+            command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes),
+                       "--timeout", "120", *flags, *worker]
+            env = _env()
+        print("$", " ".join(command), flush=True)
+        peer_report._run(command, env=env)  # pylint: disable=protected-access
+    with open(out) as f:
+        result = json.load(f)["models"]["mlp"]
+    return {"median_step_ms": result["median_step_ms"], "parameters": result["parameters"]}
+
+
+def available_configs(peer_python):
+    """{config: None if it can run here, else why not}."""
+    why = dict.fromkeys(CONFIGS)
+    if importlib.util.find_spec("horovod") is None:
+        why["horovod_gloo"] = why["horovod_mpi"] = "Horovod is not installed"
+    if why["horovod_mpi"] is None and not mpirun_available():
+        why["horovod_mpi"] = "no mpirun or no Horovod built with MPI"
+    if peer_python is None:
+        why["mwms"] = "no tf-keras peer environment"
+    return why
+
+
+def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engine_step"):
+    start = time.perf_counter()
+    if peer_python == "auto":
+        try:
+            peer_python = peer_report.peer_python()
+        except peer_report.JobFailed as error:
+            print(f"engine_step: mwms skipped: {error}", flush=True)
+            peer_python = None
+    skipped = {k: v for k, v in available_configs(peer_python).items() if v}
+    configs = [c for c in CONFIGS if c not in skipped]
+    for config, why in skipped.items():
+        print(f"engine_step: {config} skipped - {why}", flush=True)
+    runs = {(c, p): [] for c in configs for p in processes}
+    for round_ in range(rounds):
+        order = configs if round_ % 2 == 0 else list(reversed(configs))
+        for p in processes:
+            for config in order:
+                tag = f"r{round_}_P{p}"
+                runs[config, p].append(_floor(tmp, p, tag) if config == "floor"
+                                       else _distributed(tmp, config, p, tag, peer_python))
+    rows, summary = [], {}
+    for p in processes:
+        floor = runs["floor", p]
+        for config in configs:
+            ratios = [r["median_step_ms"] / f["median_step_ms"]
+                      for r, f in zip(runs[config, p], floor)]
+            row = {"config": config, "processes": p,
+                   "median_step_ms": statistics.median(r["median_step_ms"]
+                                                       for r in runs[config, p]),
+                   "over_floor_per_round": ratios, "over_floor": statistics.median(ratios)}
+            if "mwms" in configs and config != "mwms":
+                row["over_mwms"] = statistics.median(
+                    r["median_step_ms"] / m["median_step_ms"]
+                    for r, m in zip(runs[config, p], runs["mwms", p]))
+            rows.append(row)
+            summary[f"P{p}_{config}_over_floor"] = round(row["over_floor"], 3)
+            if "over_mwms" in row:
+                summary[f"P{p}_{config}_over_mwms"] = round(row["over_mwms"], 3)
+        engines = [r for r in rows if r["processes"] == p and r["config"] not in ("floor", "mwms")]
+        fastest = min(engines, key=lambda r: r["over_floor"])
+        summary[f"P{p}_fastest_engine"] = fastest["config"]
+    result = {
+        "summary": summary, "rows": rows, "skipped": skipped, "rounds": rounds,
+        "goal": f"fastest engine's 2-process step <= {GOAL}x the floor",
+        "runs": {f"{c}_P{p}": r for (c, p), r in runs.items()},
+        "minutes": round((time.perf_counter() - start) / 60, 1),
+        "description": (
+            "median Keras step (epochs 2-4, 30 steps) of the 784-2048-2048-10 MLP (5.8 M "
+            "parameters, 23 MB of float32 gradients), 64 rows per process, SGD(0.05, "
+            "momentum=0.9), one intra-op thread per process, all processes on one host. "
+            "floor = P independent plain Keras processes started together (no "
+            "communication); ring = RingAllReduceStrategy(backend='collective') default "
+            f"buckets; ring_big = {BIG_BUCKET_MB} MiB buckets (one fused all-reduce, "
+            "subdivided); horovod_gloo / horovod_mpi = backend='horovod' under "
+            "tfdist-run --horovod / mpirun; mwms = tf-keras + MultiWorkerMirroredStrategy. "
+            "over_floor: per-round ratio to the floor of the same round, median over "
+            "rounds; rounds alternate the order."),
+    }
+    write_result(f"{name}.json", result)
+    plot(rows, f"{name}.png")
+    print(f"engine_step: {result['minutes']} min", flush=True)
+    return result
+
+
+def plot(rows, filename, goal=GOAL):
+    """Per process count: each configuration's step over the floor, per round and median."""
+    plt = pyplot()
+    if plt is None:
+        return
+    counts = sorted({r["processes"] for r in rows})
+    fig, axes = plt.subplots(1, len(counts), figsize=(4.5 * len(counts), 3.6), squeeze=False)
+    for ax, p in zip(axes[0], counts):
+        mine = [r for r in rows if r["processes"] == p]
+        for index, row in enumerate(mine):
+            ax.bar(index, row["over_floor"], color="tab:gray" if row["config"] in (
+                "floor", "mwms") else "tab:blue")
+            ax.plot([index] * len(row["over_floor_per_round"]), row["over_floor_per_round"],
+                    "k.", markersize=4)
+        ax.axhline(goal, color="tab:red", linestyle="--", linewidth=1, label=f"goal {goal}x")
+        ax.set_xticks(range(len(mine)), [r["config"] for r in mine], rotation=30, ha="right")
+        ax.set_ylabel("step / no-communication floor")
+        ax.set_title(f"5.8 M MLP, {p} processes")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, filename)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, nargs="+", default=list(PROCESSES))
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--peer-python", default="auto",
+                        help="a Python with tf-keras on this TensorFlow for the mwms runs "
+                             "(default: the peer benchmark's environment); 'none' skips them")
+    parser.add_argument("--out", default="engine_step", help="result file name, no suffix")
+    parser.add_argument("--tmp", default=None)
+    args = parser.parse_args()
+    peer = None if args.peer_python == "none" else args.peer_python
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        run(tmp, args.rounds, tuple(args.processes), peer, args.out)
+
+
+if __name__ == "__main__":
+    main()

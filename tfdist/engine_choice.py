@@ -1,0 +1,88 @@
+"""Which engine `RingAllReduceStrategy(backend="auto")` sums gradients with: the fastest the job can run.
+
+Engines, and what a job needs to run each (`available_engines`):
+
+* "horovod-mpi"   Horovod built with MPI, the process started by mpirun
+                  (`horovodrun --mpi` runs mpirun): Open MPI's shared memory
+                  between the processes of a host;
+* "horovod-gloo"  Horovod, the process started by horovodrun (Gloo) or
+                  `tfdist-run --horovod` (which starts Gloo's rendezvous);
+* "collective"    TensorFlow's collectives over its gRPC runtime: every job.
+
+Among those available, `choose` takes the one with the least measured time
+per all-reduce at the job's bucket size (`fusion_threshold_bytes`: the
+bucket every large model's gradient fills), from `MEASURED_OVER_TF_RING`: each
+engine's time over TensorFlow's ring measured in the same processes
+(`tfdist-bench --only engines`, 2 processes on one host, results in
+benchmarks/results/engine_curves.json; a test keeps this table equal to that
+file's summary, so a re-run that changes the order changes the choice).
+Both Horovod engines are faster than the gRPC ring at every size measured
+(MPI 0.22-0.49x, Gloo 0.47-0.67x on 2026-11-27), so "auto" takes Horovod whenever the
+launcher gave Horovod its peers; it cannot start Horovod for a launcher that
+did not (srun, TF_CONFIG, Ray, Kubernetes: no rendezvous for Gloo), and says
+at start-up which engine it took and what the faster ones would need.
+
+Cost: a table lookup at strategy construction; nothing per step.
+"""
+
+import bisect
+from typing import Dict, Iterable, Tuple
+
+COLLECTIVE = "collective"
+HOROVOD_MPI = "horovod-mpi"
+HOROVOD_GLOO = "horovod-gloo"
+
+# All-reduce time over TensorFlow's ring in the same processes (median over rounds), per
+# payload in bytes; benchmarks/results/engine_curves.json "summary" (mpi_over_tf, gloo_over_tf).
+MEASURED_OVER_TF_RING: Dict[str, Dict[int, float]] = {
+    HOROVOD_MPI: {4096: 0.49, 16384: 0.492, 65536: 0.489, 262144: 0.401, 1048576: 0.329,
+                  4194304: 0.235, 16777216: 0.217, 67108864: 0.426},
+    HOROVOD_GLOO: {4096: 0.556, 16384: 0.63, 65536: 0.623, 262144: 0.523, 1048576: 0.67,
+                   4194304: 0.58, 16777216: 0.467, 67108864: 0.499},
+}
+
+# What each engine needs, for the start-up line when a faster one is not available.
+NEEDS = {
+    HOROVOD_MPI: "Horovod built with MPI and a start by mpirun or horovodrun --mpi",
+    HOROVOD_GLOO: "Horovod and a start by horovodrun or tfdist-run --horovod",
+}
+
+
+def relative_time(engine: str, nbytes: int) -> float:
+    """`engine`'s measured all-reduce time over TensorFlow's ring for a bucket of `nbytes`:
+    the curve's value at the largest measured size <= nbytes (the smallest below it)."""
+    if engine == COLLECTIVE:
+        return 1.0
+    curve = MEASURED_OVER_TF_RING[engine]
+    sizes = sorted(curve)
+    index = max(bisect.bisect_right(sizes, nbytes) - 1, 0)
+    return curve[sizes[index]]
+
+
+def available_engines(launched_with_horovod: bool, horovod_transport: str) -> Tuple[str, ...]:
+    """The engines this job can run: the collectives always; Horovod's, on the transport
+    ("mpi" or "gloo") its launcher set up, when the launcher gave Horovod its peers."""
+    if not launched_with_horovod:
+        return (COLLECTIVE,)
+    return (HOROVOD_MPI if horovod_transport == "mpi" else HOROVOD_GLOO, COLLECTIVE)
+
+
+def choose(available: Iterable[str], nbytes: int) -> Tuple[str, str]:
+    """(engine, the start-up line's reason): the available engine of least measured time
+    for a bucket of `nbytes`."""
+    available = tuple(available)
+    engine = min(available, key=lambda e: relative_time(e, nbytes))
+    size = f"{nbytes / 2**20:g} MiB"
+    faster = [e for e in MEASURED_OVER_TF_RING
+              if e not in available and relative_time(e, nbytes) < relative_time(engine, nbytes)]
+    reason = (f"{engine}, the fastest engine this job can run at {size} buckets "
+              f"(measured {relative_time(engine, nbytes):.2f}x TensorFlow's ring time)")
+    if faster:
+        reason += "; faster: " + ", ".join(
+            f"{e} ({relative_time(e, nbytes):.2f}x; needs {NEEDS[e]})" for e in faster)
+    return engine, reason
+
+
+def backend_of(engine: str) -> str:
+    """The strategy's backend name for `engine`: "horovod" or "collective"."""
+    return COLLECTIVE if engine == COLLECTIVE else "horovod"
