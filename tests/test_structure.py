@@ -15,7 +15,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 LAYERS = [
     ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
      "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share",
-     "tfdist.gpu_placement", "tfdist.engine_choice", "tfdist.profiling", "tfdist.profiling.names"),
+     "tfdist.gpu_placement", "tfdist.engine_choice", "tfdist.env_vars", "tfdist.profiling",
+     "tfdist.profiling.names"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.runtime", "tfdist.simulation"),
@@ -26,7 +27,7 @@ LAYERS = [
 ]
 
 # Modules that must import without TensorFlow (the launcher and the timeline's parsing use them).
-TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.engine_choice", "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.profiling", "tfdist.profiling.names",
+TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.engine_choice", "tfdist.env_vars", "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.profiling", "tfdist.profiling.names",
                    "tfdist.profiling.timeline", "tfdist.launch.cli")
 
 

@@ -46,30 +46,31 @@ import os
 import re
 import typing
 
+from tfdist import env_vars
 from tfdist.slurm_hostlist import expand_hostlist, first_host
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
-# Environment variables set by `tfdist-run` for each process it starts.
-ENV_RANK = "TFDIST_RANK"
-ENV_WORLD_SIZE = "TFDIST_WORLD_SIZE"
-ENV_LOCAL_RANK = "TFDIST_LOCAL_RANK"
-ENV_WORKER_ADDRESSES = "TFDIST_WORKER_ADDRESSES"
-ENV_SERVER_ADDRESSES = "TFDIST_SERVER_ADDRESSES"
-ENV_ROLE = "TFDIST_ROLE"
-ENV_SERVER_INDEX = "TFDIST_SERVER_INDEX"
-ENV_TIMEOUT = "TFDIST_TIMEOUT"
+# Environment variables (tfdist.env_vars declares them all) set by `tfdist-run` for each process.
+ENV_RANK = env_vars.RANK.name
+ENV_WORLD_SIZE = env_vars.WORLD_SIZE.name
+ENV_LOCAL_RANK = env_vars.LOCAL_RANK.name
+ENV_WORKER_ADDRESSES = env_vars.WORKER_ADDRESSES.name
+ENV_SERVER_ADDRESSES = env_vars.SERVER_ADDRESSES.name
+ENV_ROLE = env_vars.ROLE.name
+ENV_SERVER_INDEX = env_vars.SERVER_INDEX.name
+ENV_TIMEOUT = env_vars.TIMEOUT.name
 # Set by the user (or a job manifest) under the cluster engines' launchers.
-ENV_HOST = "TFDIST_HOST"  # the name peers reach this process by (default: host name)
-ENV_RENDEZVOUS_PORT = "TFDIST_RENDEZVOUS_PORT"  # srun: port of rank 0's store
-ENV_RENDEZVOUS_HOST = "TFDIST_RENDEZVOUS_HOST"  # srun: rank 0's host, if not the step's first
-ENV_NUM_SERVERS = "TFDIST_NUM_SERVERS"  # refused under srun / mpirun (see module doc)
-ENV_SERVICE = "TFDIST_SERVICE"  # Kubernetes: the headless Service's name
-ENV_NUM_PROCESSES = "TFDIST_NUM_PROCESSES"  # Kubernetes: the Indexed Job's completions
-ENV_PORT = "TFDIST_PORT"  # Kubernetes: every pod's TensorFlow port
-ENV_JOB_NAME = "TFDIST_JOB_NAME"  # Kubernetes: the Job's name (default: from HOSTNAME)
-ENV_MAX_RESTARTS = "TFDIST_MAX_RESTARTS"  # tfdist-run --max-restarts
-ENV_RESTART_COUNT = "TFDIST_RESTART_COUNT"  # set by tfdist-run: 0, then 1, 2, ... per restart
+ENV_HOST = env_vars.HOST.name  # the name peers reach this process by (default: host name)
+ENV_RENDEZVOUS_PORT = env_vars.RENDEZVOUS_PORT.name  # srun: port of rank 0's store
+ENV_RENDEZVOUS_HOST = env_vars.RENDEZVOUS_HOST.name  # srun: rank 0's host, if not the step's first
+ENV_NUM_SERVERS = env_vars.NUM_SERVERS.name  # refused under srun / mpirun (see module doc)
+ENV_SERVICE = env_vars.SERVICE.name  # Kubernetes: the headless Service's name
+ENV_NUM_PROCESSES = env_vars.NUM_PROCESSES.name  # Kubernetes: the Indexed Job's completions
+ENV_PORT = env_vars.PORT.name  # Kubernetes: every pod's TensorFlow port
+ENV_JOB_NAME = env_vars.JOB_NAME.name  # Kubernetes: the Job's name (default: from HOSTNAME)
+ENV_MAX_RESTARTS = env_vars.MAX_RESTARTS.name  # tfdist-run --max-restarts
+ENV_RESTART_COUNT = env_vars.RESTART_COUNT.name  # set by tfdist-run: 0, then 1, 2, ... per restart
 # A rank's exit code after it backed up on a preemption notice (tfdist.strategies.preemption;
 # tf-keras' PreemptionCheckpointHandler exits with the same): launchers tell it from a crash.
 PREEMPTED_EXIT_CODE = 42
@@ -78,7 +79,7 @@ PREEMPTED_EXIT_CODE = 42
 def restart_count():
     """How many times the launcher has restarted this job (0: its first run)."""
     try:
-        return int(os.environ.get(ENV_RESTART_COUNT, "0"))
+        return env_vars.RESTART_COUNT.integer(default=0)
     except ValueError:
         return 0
 

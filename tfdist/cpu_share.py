@@ -36,9 +36,9 @@ float64 at 3 processes with one thread each equals one process to 1.8e-16.
 
 import os
 
-from tfdist import chief_log
+from tfdist import chief_log, env_vars
 
-ENV_INTRA_OP_THREADS = "TFDIST_INTRA_OP_THREADS"
+ENV_INTRA_OP_THREADS = env_vars.INTRA_OP_THREADS.name
 
 
 def machine_cpus():

@@ -41,9 +41,10 @@ import os
 from typing import Optional, Sequence
 
 from tfdist import cluster as cluster_lib
+from tfdist import env_vars
 
-ENV_SHARE_GPUS = "TFDIST_SHARE_GPUS"
-ENV_GPU_PLACEMENT = "TFDIST_GPU_PLACEMENT"
+ENV_SHARE_GPUS = env_vars.SHARE_GPUS.name
+ENV_GPU_PLACEMENT = env_vars.GPU_PLACEMENT.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +62,6 @@ class Placement:
     gpu: Optional[int]
     narrow: bool
     why: str
-
-
-def _flag(environ, name):
-    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def training_processes_here(cluster) -> int:
@@ -110,14 +107,14 @@ def choose(cluster, physical: Sequence[str], visible: Sequence[str], runtime_sta
     if len(physical) == 1 and cuda is not None:
         return Placement(0, True, f"CUDA_VISIBLE_DEVICES={cuda} (set by the launcher)")
     here = training_processes_here(cluster)
-    if here > len(physical) and not _flag(environ, ENV_SHARE_GPUS):
+    if here > len(physical) and not env_vars.SHARE_GPUS.flag(environ):
         raise ValueError(
             f"tfdist: {here} training processes on this host but {len(physical)} GPU(s): start "
             f"at most {len(physical)} per host, narrow CUDA_VISIBLE_DEVICES per process, or set "
             f"{ENV_SHARE_GPUS}=1 to share the GPUs (memory growth on). (rank {cluster.rank}, "
             f"local rank {cluster.local_rank})")
     index = cluster.local_rank % len(physical)
-    shared = " (shared: TFDIST_SHARE_GPUS=1)" if here > len(physical) else ""
+    shared = f" (shared: {ENV_SHARE_GPUS}=1)" if here > len(physical) else ""
     return Placement(index, True, f"local rank {cluster.local_rank} of {here} training "
                                   f"process(es) on this host, {len(physical)} GPU(s){shared}")
 
@@ -125,7 +122,7 @@ def choose(cluster, physical: Sequence[str], visible: Sequence[str], runtime_sta
 def place(cluster) -> Optional[Placement]:
     """Choose and apply this process's placement (before TensorFlow's runtime starts); print
     the start-up line. None when `TFDIST_GPU_PLACEMENT=off`."""
-    if os.environ.get(ENV_GPU_PLACEMENT, "").strip().lower() in ("off", "0", "none"):
+    if (env_vars.GPU_PLACEMENT.get() or "").strip().lower() in ("off", "0", "none"):
         return None
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 

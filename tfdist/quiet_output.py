@@ -40,17 +40,17 @@ import sys
 import tempfile
 import warnings
 
+from tfdist import env_vars
 from tfdist.startup_notices import NoticeDropper
 
-ENV_VERBOSE = "TFDIST_VERBOSE"
+ENV_VERBOSE = env_vars.VERBOSE.name
 LIBRARY_MODULES = r"(keras|tensorflow|tf_keras|numpy|absl|tfdist)(\.|$)"
 # Launchers whose output tfdist does not relay (tfdist-run filters its own).
 UNFILTERED_LAUNCHERS = ("horovodrun", "TF_CONFIG", "mpirun", "srun", "kubernetes")
 
 
 def verbose(environ=None):
-    environ = os.environ if environ is None else environ
-    return environ.get(ENV_VERBOSE, "") not in ("", "0")
+    return env_vars.VERBOSE.flag(environ)
 
 
 def _unfiltered_job(environ):

@@ -34,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 
+from tfdist import env_vars
 from tfdist.cluster import validate_address
 
 _POLL_SECONDS = 0.1
@@ -98,7 +99,7 @@ def serve_store(port, cluster):
         raise RuntimeError(
             f"tfdist rank 0: cannot serve the address store on port {port} of "
             f"{cluster.rendezvous.host} ({e}); another job may hold it: "
-            "set TFDIST_RENDEZVOUS_PORT to a free port (the same for every task)."
+            f"set {env_vars.RENDEZVOUS_PORT} to a free port (the same for every task)."
         ) from e
     threading.Thread(target=server.serve_forever, name="tfdist-address-store",
                      daemon=True).start()
@@ -178,7 +179,7 @@ def all_gather_strings(rank, size, value, timeout, address, scope, wait_for_acks
         raise TimeoutError(
             f"tfdist rank {rank}: the address store at {address[0]}:{address[1]} did not "
             f"answer within the {timeout:g} s timeout (under srun rank 0 serves it on the "
-            "first host of the job step; TFDIST_RENDEZVOUS_HOST names another)."
+            f"first host of the job step; {env_vars.RENDEZVOUS_HOST} names another)."
         )
     store.put(str(rank), value)
     if rank == 0:

@@ -32,6 +32,7 @@ import subprocess
 import sys
 
 from tfdist import cluster as cluster_lib
+from tfdist import env_vars
 from tfdist.comm import ports as ports_lib
 from tfdist.launch import gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
@@ -48,55 +49,56 @@ def build_parser():
     )
     parser.add_argument(
         "-np", "--num-proc", dest="num_proc", type=int,
-        default=int(os.environ.get("TFDIST_NP", 1)),
-        help="number of training processes (env TFDIST_NP, default 1)",
+        default=env_vars.NP.integer(default=1),
+        help=f"number of training processes (env {env_vars.NP}, default 1)",
     )
     parser.add_argument(
-        "--num-servers", type=int, default=int(os.environ.get("TFDIST_NUM_SERVERS", 0)),
-        help="number of dedicated parameter-server processes (env TFDIST_NUM_SERVERS)",
+        "--num-servers", type=int, default=env_vars.NUM_SERVERS.integer(default=0),
+        help=f"number of dedicated parameter-server processes (env {env_vars.NUM_SERVERS})",
     )
     parser.add_argument(
         "--timeout", type=float,
-        default=float(os.environ.get(cluster_lib.ENV_TIMEOUT, cluster_lib.DEFAULT_TIMEOUT_SECONDS)),
-        help="seconds any rank may wait for a peer (env TFDIST_TIMEOUT, default 300)",
+        default=float(env_vars.TIMEOUT.get(default=str(cluster_lib.DEFAULT_TIMEOUT_SECONDS))),
+        help=f"seconds any rank may wait for a peer (env {env_vars.TIMEOUT}, default 300)",
     )
     parser.add_argument(
         "--port-base", type=int,
-        default=int(os.environ["TFDIST_PORT_BASE"]) if os.environ.get("TFDIST_PORT_BASE") else None,
-        help="first of the consecutive ports to use (env TFDIST_PORT_BASE; default: free ports)",
+        default=env_vars.PORT_BASE.integer(),
+        help=f"first of the consecutive ports to use (env {env_vars.PORT_BASE}; default: free "
+             "ports)",
     )
     parser.add_argument(
         "--horovod", action="store_true",
-        default=os.environ.get("TFDIST_HOROVOD", "") not in ("", "0"),
-        help="also make the ranks a Horovod (Gloo) job, as horovodrun would (env TFDIST_HOROVOD=1)",
+        default=env_vars.HOROVOD.flag(),
+        help=f"also make the ranks a Horovod (Gloo) job, as horovodrun would (env "
+             f"{env_vars.HOROVOD}=1)",
     )
     parser.add_argument(
         "--verbose", action="store_true",
-        default=os.environ.get("TFDIST_VERBOSE", "") not in ("", "0"),
+        default=env_vars.VERBOSE.flag(),
         help="show TensorFlow's start-up notices and every rank's copy of a warning "
-             "(env TFDIST_VERBOSE=1)",
+             f"(env {env_vars.VERBOSE}=1)",
     )
     parser.add_argument(
         "--keep-going", action="store_true",
-        default=os.environ.get("TFDIST_KEEP_GOING", "") not in ("", "0"),
+        default=env_vars.KEEP_GOING.flag(),
         help="when a worker fails, let the other workers finish (asynchronous parameter "
-             "server); the job still exits with the failure's code (env TFDIST_KEEP_GOING=1)",
+             f"server); the job still exits with the failure's code (env {env_vars.KEEP_GOING}=1)",
     )
     parser.add_argument(
         "--max-restarts", type=int,
-        default=int(os.environ.get(cluster_lib.ENV_MAX_RESTARTS, 0)),
+        default=env_vars.MAX_RESTARTS.integer(default=0),
         help="start a failed job again, all of it, up to this many times; the ranks resume "
-             "from their BackupAndRestore backup (env TFDIST_MAX_RESTARTS, default 0)")
+             f"from their BackupAndRestore backup (env {env_vars.MAX_RESTARTS}, default 0)")
     parser.add_argument(
-        "--profile", metavar="DIR", default=os.environ.get(profiling_names.PROFILE_DIR_ENV),
+        "--profile", metavar="DIR", default=env_vars.PROFILE_DIR.get(),
         help="profile every rank's training batches --profile-steps with TensorFlow's profiler "
              "into DIR/rank_<k> (runs of `tensorboard --logdir DIR`), then merge the ranks' "
              f"communication into DIR/{profiling_names.TIMELINE_FILE} and "
              f"DIR/{profiling_names.OVERLAP_FILE} (env {profiling_names.PROFILE_DIR_ENV})")
     parser.add_argument(
         "--profile-steps", metavar="A:B",
-        default=os.environ.get(profiling_names.PROFILE_STEPS_ENV,
-                               profiling_names.DEFAULT_PROFILE_STEPS),
+        default=env_vars.PROFILE_STEPS.get(default=profiling_names.DEFAULT_PROFILE_STEPS),
         help="training batches to profile, counted from 1 in each fit, inclusive "
              f"(env {profiling_names.PROFILE_STEPS_ENV}, "
              f"default {profiling_names.DEFAULT_PROFILE_STEPS})")

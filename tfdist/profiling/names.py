@@ -25,6 +25,8 @@ build and parse every name from this module, so a name changes in one place.
 import os
 import re
 
+from tfdist import env_vars
+
 NAMESPACE = "tfdist"
 
 # ------------------------------------------------------------------ scopes
@@ -90,8 +92,8 @@ def rank_of_run(path):
 
 
 # -------------------------------------------------------- profile request
-PROFILE_DIR_ENV = "TFDIST_PROFILE_DIR"
-PROFILE_STEPS_ENV = "TFDIST_PROFILE_STEPS"
+PROFILE_DIR_ENV = env_vars.PROFILE_DIR.name
+PROFILE_STEPS_ENV = env_vars.PROFILE_STEPS.name
 DEFAULT_PROFILE_STEPS = "10:12"
 
 

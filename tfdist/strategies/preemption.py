@@ -42,10 +42,11 @@ import threading
 import weakref
 
 from tfdist import cluster as cluster_lib
+from tfdist import env_vars
 from tfdist.strategies.agreed_flags import PREEMPT
 
 PREEMPTED_EXIT_CODE = cluster_lib.PREEMPTED_EXIT_CODE
-ENV_PREEMPTION_SIGNAL = "TFDIST_PREEMPTION_SIGNAL"
+ENV_PREEMPTION_SIGNAL = env_vars.PREEMPTION_SIGNAL.name
 
 _notices = weakref.WeakSet()  # every PreemptionNotice of this process (one per rank thread)
 _installed = {}  # signal number -> the handler it had before tfdist's

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+from tfdist import env_vars
 from tfdist.child_processes import die_with_parent
 from tfdist.comm.ports import pick_ports
 
@@ -30,7 +31,7 @@ class ColocatedServer:
         host = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
         address = f"{host}:{pick_ports(1, host='')[0]}"
         name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TFDIST_", "HOROVOD_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith((env_vars.PREFIX, "HOROVOD_"))}
         env.update(TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
         env.pop("TF_CONFIG", None)
         self.timeout = cluster.timeout
