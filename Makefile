@@ -8,13 +8,13 @@ PYTEST_ARGS ?=
 STRESS_JOBS ?= 120
 STRESS_ARGS ?=
 
-.PHONY: install demo typecheck test test-fast test-all bench stress clean
+.PHONY: install demo typecheck test test-fast test-all bench stress docs docs-serve clean
 
 # TFDIST_WITHOUT_MPI=1: no Open MPI, no mpi4py, Horovod on Gloo only (mpirun jobs unavailable).
 WITHOUT_MPI := $(filter 1 yes true,$(TFDIST_WITHOUT_MPI))
 export TFDIST_WITHOUT_MPI := $(if $(WITHOUT_MPI),1,)
 comma  := ,
-EXTRAS := cpu,profile,test,examples,ray$(if $(WITHOUT_MPI),,$(comma)mpi)
+EXTRAS := cpu,profile,test,examples,docs,ray$(if $(WITHOUT_MPI),,$(comma)mpi)
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh scripts/install_mpi.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,5 +47,11 @@ bench: install  ## benchmarks; JSON (and PNG) results in benchmarks/results/
 stress: install  ## crash/hang/false-alarm hunt: many short jobs on a busy CPU (STRESS_JOBS=120)
 	$(BIN)/python -m benchmarks.stress --jobs $(STRESS_JOBS) $(STRESS_ARGS)
 
+docs: install  ## the documentation site, built strictly (no broken link or reference) into site/
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install  ## serve the site at http://127.0.0.1:8000 while you edit docs/
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache site

@@ -38,7 +38,7 @@ WORKER = os.path.join(HERE, "peer_worker.py")
 ROUNDS = 5
 PROCESSES = (2, 3)
 MODELS = ("cnn", "mlp")
-TFDIST_STRATEGIES = ("ring", "tree", "ps")
+OUR_STRATEGIES = ("ring", "tree", "ps")
 ORDER = ("ring", "mwms", "tree", "ps")
 GOAL = 0.9  # tfdist's step at most 0.9x the peer's
 JOB_TIMEOUT_S = 420
@@ -247,7 +247,7 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, timing_epochs=None):
     for model in MODELS:
         for p in processes:
             peer = [r["models"][model] for r in runs["mwms", p]]
-            for name in TFDIST_STRATEGIES:
+            for name in OUR_STRATEGIES:
                 ours = [r["models"][model] for r in runs[name, p]]
                 step_ratios = per_round_ratios(ours, peer, "median_step_ms")
                 epoch_ratios = per_round_ratios(ours, peer, "seconds_per_epoch")
@@ -336,7 +336,7 @@ def plot(rows):
     axes = axes[0]
     colors = {"ring": "tab:blue", "tree": "tab:green", "ps": "tab:orange"}
     for ax, (model, p) in zip(axes, panels):
-        for index, name in enumerate(TFDIST_STRATEGIES):
+        for index, name in enumerate(OUR_STRATEGIES):
             row = next(r for r in rows if (r["model"], r["processes"], r["strategy"]) ==
                        (model, p, name))
             ratios = row["step_ratio_per_round"]
@@ -347,8 +347,8 @@ def plot(rows):
                         row["step_ratio_median"]), fontsize=7, va="center")
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.axhline(GOAL, color="tab:red", linestyle="--", linewidth=1, label=f"goal {GOAL}x")
-        ax.set_xticks(range(len(TFDIST_STRATEGIES)), TFDIST_STRATEGIES)
-        ax.set_xlim(-0.6, len(TFDIST_STRATEGIES) - 0.2)
+        ax.set_xticks(range(len(OUR_STRATEGIES)), OUR_STRATEGIES)
+        ax.set_xlim(-0.6, len(OUR_STRATEGIES) - 0.2)
         ax.set_title(f"{model}, P = {p}", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_ylabel("median step time, tfdist / MWMS")

@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 STARTED = time.perf_counter()
-TFDIST_STRATEGIES = ("ring", "tree", "ps", "horovod")
+OUR_STRATEGIES = ("ring", "tree", "ps", "horovod")
 TF_KERAS = ("mwms", "tf_keras")
 MODELS = ("cnn", "mlp")
 CNN_SAMPLES, CNN_GLOBAL_BATCH = 22 * 64, 64
@@ -47,7 +47,7 @@ EXACT_SAMPLES, EXACT_GLOBAL_BATCH, EXACT_EPOCHS = 100, 64, 2
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("strategy", choices=TFDIST_STRATEGIES + TF_KERAS + ("keras3",))
+    parser.add_argument("strategy", choices=OUR_STRATEGIES + TF_KERAS + ("keras3",))
     parser.add_argument("--time", action="store_true", help="time both models' training")
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"epochs per timed training, the first untimed (default {EPOCHS})")

@@ -6,6 +6,7 @@ Imported by the test modules (`from helpers import ...`); fixtures live in `conf
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -247,3 +248,27 @@ def case_parameters(names, fast, uses_horovod):
         marks += [pytest.mark.horovod] if uses_horovod(name) else []
         parameters.append(pytest.param(name, marks=marks, id=name))
     return parameters
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def headless_browser():
+    """Headless Chromium driven by Selenium through Debian's chromedriver (skip if absent)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        if os.environ.get("TFDIST_REQUIRE_BROWSER"):
+            pytest.fail("TFDIST_REQUIRE_BROWSER is set but chromium or chromedriver is missing")
+        pytest.skip("chromium and chromedriver are not installed "
+                    "(Debian: apt-get install chromium chromium-driver)")
+    from selenium import webdriver  # pylint: disable=import-outside-toplevel
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROMIUM_FLAGS + ["--window-size=1400,1000"]:
+        options.add_argument(flag)
+    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path),
+                            options=options)

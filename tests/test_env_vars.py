@@ -47,7 +47,12 @@ def test_no_module_but_the_registry_spells_a_variable_name_in_code():
 
 def _mentions():
     sources = list(_python_files()) + [os.path.join(ROOT, p) for p in (
-        "Makefile", "README.md", "scripts/install_horovod.sh", "scripts/install_mpi.sh")]
+        "Makefile", "README.md", "scripts/install_horovod.sh", "scripts/install_mpi.sh",
+        ".ci/run")]
+    for folder in ("tests", "benchmarks", "examples", "scripts"):
+        for path, _, files in os.walk(os.path.join(ROOT, folder)):
+            if ".peer-venv" not in path:
+                sources += [os.path.join(path, n) for n in files if n.endswith((".py", ".sh"))]
     docs = os.path.join(ROOT, "docs")
     for folder, _, files in os.walk(docs):
         sources += [os.path.join(folder, n) for n in files if n.endswith(".md")]
@@ -59,8 +64,8 @@ def _mentions():
 
 
 def test_every_variable_mentioned_anywhere_is_declared():
-    """A variable a docstring, script, Makefile or page names but the registry does not
-    declare would be missing from the documentation's table."""
+    """A variable the library, a test, a benchmark, a script, the Makefile or a page names but
+    the registry does not declare would be missing from the documentation's table."""
     undeclared = sorted({(name, where) for name, where in _mentions()
                          if name not in env_vars.BY_NAME})
     assert not undeclared, undeclared

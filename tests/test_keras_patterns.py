@@ -23,11 +23,11 @@ from tiers import KERAS_PATTERNS_PROCESSES_ONLY
 # clipping case are in the thousands, hence the relative term.
 RTOL, ATOL = 1e-5, 1e-4
 # float16 rounds a gradient summed over slices differently from one over the whole batch
-# (2^-11 per rounding); how much depends on the CPU's float16 kernels (README, "Mixed
+# (2^-11 per rounding); how much depends on the CPU's float16 kernels (docs/guarantees.md, "Mixed
 # precision"; tests/test_real_world.py compares with one process computing P slices exactly).
 FLOAT16_CASES, FLOAT16_RTOL, FLOAT16_ATOL = ("mixed_precision",), 2e-3, 1e-3
 # Cases that cannot match one process by construction: per-rank BatchNorm
-# batch statistics (README), and an unseeded run (its own random draws).
+# batch statistics (docs/guarantees.md), and an unseeded run (its own random draws).
 RANK_AGREEMENT_ONLY = ("batchnorm_empty_slices", "pydataset_unseeded")
 SUBSET = "text_adam,multi_io_weights,clipping,mixed_precision,custom_low_level,predict_sequences"
 

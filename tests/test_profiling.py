@@ -4,7 +4,7 @@ merged timeline, and the scalars seen in a real browser.
 The worker script (tests/scripts/profiled_training.py) is a keras.io-style
 text classifier whose only profiling code is `keras.callbacks.TensorBoard(
 log_dir, update_freq=4, profile_batch=(3, 5))` and `CommunicationMonitor()`.
-Set TFDIST_SCREENSHOT_TO=path to keep the browser test's screenshot (the README's).
+Set TFDIST_SCREENSHOT_TO=path to keep the browser test's screenshot (docs/images/, shown on the Profiling page).
 (Counting on the hard path - empty slices, a custom step, clipping - runs as simulated
 ranks: test_profiling_in_process.py.)
 """
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from helpers import failure_report, horovodrun, script, tfdist_run
+from helpers import failure_report, headless_browser, horovodrun, script, tfdist_run
 from tfdist.comm.ports import pick_ports
 from tfdist.profiling import names, timeline
 from tfdist.profiling.counters import CounterSnapshot, measurements
@@ -30,9 +30,6 @@ from tfdist.profiling.names import parse_profile_steps
 TOLERANCE = 1e-4
 UPDATE_FREQ = 4
 BATCHES = 18  # 2 epochs of 288 training rows in global batches of 32
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
 COMMON_TAGS = {"comm_ms", "step_ms", "comm_share", "sent_mb", "algbw_gbps", "busbw_gbps",
                "wait_ms", "slowest_rank"}
 
@@ -186,25 +183,6 @@ def test_bad_profile_steps_are_refused_by_the_launcher():
 
 
 # ------------------------------------------------------------- browser
-def _browser():
-    """Headless Chromium driven by Selenium through Debian's chromedriver (skip if absent)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if chromium is None or driver_path is None:
-        if os.environ.get("TFDIST_REQUIRE_BROWSER"):
-            pytest.fail("TFDIST_REQUIRE_BROWSER is set but chromium or chromedriver is missing")
-        pytest.skip("chromium and chromedriver are not installed "
-                    "(Debian: apt-get install chromium chromium-driver)")
-    from selenium import webdriver  # pylint: disable=import-outside-toplevel
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in CHROMIUM_FLAGS + ["--window-size=1400,1000"]:
-        options.add_argument(flag)
-    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path),
-                            options=options)
-
-
 def _start_tensorboard(log_dir):
     """A `tensorboard --logdir` process and its address, once it has loaded the tfdist scalars."""
     port = pick_ports(1)[0]
@@ -232,7 +210,7 @@ def test_tfdist_scalars_show_in_tensorboard_in_a_real_browser(ring_job, tmp_path
     from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=C0415
 
     _, log_dir, _ = ring_job
-    browser = _browser()
+    browser = headless_browser()
     board, base = _start_tensorboard(log_dir)
     try:
         with urllib.request.urlopen(f"{base}/data/plugins_listing", timeout=5) as reply:

@@ -16,7 +16,7 @@ The reference is the *plain* script: no tfdist at all, the default
 reproduce its weights, history, evaluation and predictions, and all ranks
 must agree exactly. The one case that cannot match by construction,
 `mixed_float16_regression` (float16 rounds a sum over P slices differently
-and may overflow elsewhere: README), must equal the plain script computing
+and may overflow elsewhere: docs/guarantees.md), must equal the plain script computing
 each step as P slices (`--slices P`) instead.
 """
 

@@ -8,8 +8,7 @@ state survives, accuracy) stopped on every rank at optimizer step 23 of
 again, at another number of ranks. The resumed run must end with the
 uninterrupted plain script's weights (1e-4), the same post-resume history
 and the same stop. A plain Keras run stopped and resumed the same way
-restarts the epoch and ends 0.1 away, after 56 steps (README, "Preemption
-and restarts"). test_resume.py kills real processes.
+restarts the epoch and ends 0.1 away, after 56 steps (docs/fault-tolerance.md). test_resume.py kills real processes.
 """
 
 import json

@@ -13,7 +13,7 @@ restored with the optimizer. Names work too: "fp16", "powersgd", "topk",
 "signsgd" (each with its defaults). Each class's module docstring states
 its algorithm, wire bytes, cost model and guarantee. Which to use, and
 whether any pays on a given network: `tfdist.aggregation.recommend`, and the
-README's compression section (measured: on a fast network none does).
+docs/compression.md (measured: on a fast network none does).
 """
 
 from tfdist.aggregation.compression import Compressor

@@ -84,7 +84,7 @@ def _declare(name, type_, default, set_by, meaning, group):
 
 
 # ------------------------------------------------------------------- tfdist-run's options
-_LAUNCH = "tfdist-run options"
+_LAUNCH = "Options of tfdist-run"
 NP = _declare("NP", "int", "1", YOU, "tfdist-run `-np`: number of training processes.", _LAUNCH)
 NUM_SERVERS = _declare(
     "NUM_SERVERS", "int", "0", YOU,
@@ -123,7 +123,7 @@ PROFILE_STEPS = _declare(
     _LAUNCH)
 
 # ------------------------------------------------------------------- set by tfdist-run
-_PROCESS = "set by tfdist-run for each process"
+_PROCESS = "Set by tfdist-run for each process"
 RANK = _declare("RANK", "int", "", BY_LAUNCHER, "This training process's rank.", _PROCESS)
 WORLD_SIZE = _declare("WORLD_SIZE", "int", "", BY_LAUNCHER,
                       "Number of training processes.", _PROCESS)
@@ -143,7 +143,7 @@ RESTART_COUNT = _declare("RESTART_COUNT", "int", "0", BY_LAUNCHER,
                          _PROCESS)
 
 # ------------------------------------------------------------------- other launchers
-_CLUSTER = "where peers are found (srun, Kubernetes, any launcher)"
+_CLUSTER = "Where peers are found (srun, Kubernetes, any launcher)"
 HOST = _declare(
     "HOST", "host name", "the host name", YOU,
     "The name peers reach this process by, where addresses are swapped (horovodrun, mpirun, "
@@ -169,7 +169,7 @@ JOB_NAME = _declare("JOB_NAME", "string", "from HOSTNAME", MANIFEST,
                     "not end in -<index>.", _CLUSTER)
 
 # ------------------------------------------------------------------- process behaviour
-_BEHAVIOUR = "behaviour of every process"
+_BEHAVIOUR = "Behaviour of every process"
 INTRA_OP_THREADS = _declare(
     "INTRA_OP_THREADS", "int >= 0", "CPUs // processes on the host", YOU,
     "TensorFlow intra-op threads per process; 0 keeps TensorFlow's default (all CPUs).",
@@ -186,7 +186,7 @@ PREEMPTION_SIGNAL = _declare(
     "turns the notice off.", _BEHAVIOUR)
 
 # ------------------------------------------------------------------- installation
-_INSTALL = "installation (`make install`)"
+_INSTALL = "Installation (make install)"
 WITHOUT_MPI = _declare(
     "WITHOUT_MPI", "flag", "0", MAKE,
     "No Open MPI and no mpi4py; Horovod built on Gloo only (mpirun jobs unavailable).", _INSTALL)
@@ -197,6 +197,30 @@ HOROVOD_XLA_OPS = _declare(
     "HOROVOD_XLA_OPS", "C preprocessor macro", "undefined", "nobody (a build guard)",
     "Not an environment variable: the macro scripts/install_horovod.sh guards Horovod's XLA "
     "file with, so that file compiles to nothing.", _INSTALL)
+
+# ------------------------------------------------------------------- the test suite
+_TESTS = "The test suite (read by tests/, not by the library)"
+REQUIRE_BROWSER = _declare(
+    "REQUIRE_BROWSER", "flag", "0", "you; .ci/run sets it",
+    "Fail, instead of skipping, the browser tests (TensorBoard, the docs site) when Chromium or "
+    "ChromeDriver is missing.", _TESTS)
+REQUIRE_SLURM = _declare(
+    "REQUIRE_SLURM", "flag", "0", "you; .ci/run sets it (as root)",
+    "Fail, instead of skipping, the srun tests when no Slurm is running.", _TESTS)
+SCREENSHOT_TO = _declare(
+    "SCREENSHOT_TO", "path", "", YOU,
+    "Keep the TensorBoard browser test's screenshot at this path.", _TESTS)
+
+# ------------------------------------------------------------------- the benchmarks
+_BENCH = "The benchmarks (read by benchmarks/, not by the library)"
+BENCH_LOCK = _declare(
+    "BENCH_LOCK", "path", "", YOU,
+    "The compression experiment holds an exclusive lock on this file while each job runs "
+    "(machines shared with other heavy jobs).", _BENCH)
+EMULATED_HOSTS = _declare(
+    "EMULATED_HOSTS", "addr=namespace,...", "", "the emulated-cluster benchmark",
+    "Which network namespace each emulated host's address lives in (its ssh stand-in).",
+    _BENCH)
 
 VARIABLES = tuple(_REGISTRY)
 BY_NAME = {v.name: v for v in VARIABLES}
@@ -215,7 +239,7 @@ def markdown_table() -> str:
     for variable in VARIABLES:
         if variable.group != group:
             group = variable.group
-            lines += ["", f"### {group[0].upper()}{group[1:]}", "",
+            lines += ["", f"### {group}", "",
                       "| variable | type | default | set by | what it does |",
                       "|---|---|---|---|---|"]
         default = f"`{variable.default}`" if variable.default else "-"

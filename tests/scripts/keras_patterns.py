@@ -164,7 +164,7 @@ def case_mixed_precision(strategy):
     """mixed_float16 with a LossScaleOptimizer: its finite check sees the global gradient.
 
     The initial scale is one at which no float16 sum overflows, on one process
-    or on a slice (see the README on loss scaling).
+    or on a slice (see docs/guarantees.md on loss scaling).
     """
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -426,7 +426,7 @@ def case_generator(strategy):
 def case_batchnorm_empty_slices(strategy):
     """BatchNormalization with empty slices (33 rows, batch 16: last batch has 1 row).
 
-    Batch statistics are per rank by construction (see README), so this case
+    Batch statistics are per rank by construction (see docs/guarantees.md), so this case
     is compared across ranks, not with one process.
     """
     keras.utils.set_random_seed(23)

@@ -731,7 +731,7 @@ def case_added_losses(strategy):
     """`add_loss` terms that are means over the batch, activity and weight regularizers.
 
     (keras.io's pattern `add_loss(rate * ops.sum(x))`, a sum over the batch,
-    is weighted as a mean over each rank's slice: README.)
+    is weighted as a mean over each rank's slice: docs/guarantees.md.)
     """
 
     class ActivityRegularization(layers.Layer):
@@ -911,7 +911,7 @@ def case_transfer_learning(strategy):
     head = model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x, y))
     base_model.trainable = True
     # The guide keeps BatchNormalization in inference mode while fine-tuning (its batch
-    # statistics are per rank by construction: README).
+    # statistics are per rank by construction: docs/guarantees.md).
     base_model.layers[1].trainable = False
     with strategy.scope():
         model.compile(optimizer=keras.optimizers.Adam(1e-4),

@@ -4,7 +4,7 @@ Keras' `BackupAndRestore` saves the model's and the optimizer's variables
 (`save_weights`) and the epoch; rerun, it restarts that epoch from its
 first batch with the optimizer's step already past it, its trajectory
 shifted (a plain Keras run stopped mid-epoch ends 0.1 from the run never
-stopped: README, "Preemption and restarts"). Under a tfdist strategy every backup
+stopped: docs/fault-tolerance.md). Under a tfdist strategy every backup
 also records, in the same small metadata file (written atomically with the
 weights, `checkpoint_files.save_backup`), what the next step depends on:
 
