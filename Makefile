@@ -35,7 +35,7 @@ typecheck: install  ## mypy on the declared interfaces (pyproject.toml [tool.myp
 test-fast: typecheck  ## the type check, then the in-process tier: no process launched, about 3 min
 	$(BIN)/python -m pytest -x -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
-test: test-fast  ## make test-fast, then the multi-process tests (loopback), 18-20 min in all
+test: test-fast  ## make test-fast, then the multi-process tests (loopback), 18-22 min in all
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
 
 test-all: typecheck  ## every test, including the slow scenarios
