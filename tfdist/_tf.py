@@ -14,6 +14,7 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.eager import context
+from tensorflow.python.framework import op_callbacks
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -24,6 +25,7 @@ ReplicaContext = distribute_lib.ReplicaContext
 ReduceOp = reduce_util.ReduceOp
 UnaryUnchangedStructureDataset = dataset_ops.UnaryUnchangedStructureDataset
 OwnedIterator = iterator_ops.OwnedIterator  # what iter(dataset) returns eagerly
+EagerTensor = framework_ops.EagerTensor
 IGNORE_EXTERNAL_STATE = data_options.ExternalStatePolicy.IGNORE
 XSpace = xplane_pb2.XSpace  # the profiler's file format (*.xplane.pb)
 
@@ -31,6 +33,9 @@ all_reduce_v2 = collective_ops.all_reduce_v2
 all_gather_v2 = collective_ops.all_gather_v2
 broadcast_send_v2 = collective_ops.broadcast_send_v2
 broadcast_recv_v2 = collective_ops.broadcast_recv_v2
+# Called after every op this thread runs eagerly or adds to a graph (what tfdbg uses).
+add_op_callback = op_callbacks.add_op_callback
+remove_op_callback = op_callbacks.remove_op_callback
 
 
 def has_gradient(op):

@@ -47,6 +47,7 @@ from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import empty_slice, replica_step, step_plan
 from tfdist.strategies.agreed_flags import AgreedFlags
+from tfdist.strategies.batch_dependence import BatchLineage
 from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
 from tfdist.strategies.cross_replica_sum import StepReplicaContext, sum_exactly
 from tfdist.strategies.global_gradients import GlobalGradients
@@ -418,7 +419,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             if not step.scaled_by_user:
                 args = empty_slice.stand_in_for_empty_slice(args, step.has_rows)
                 scopes.enter_context(step.stand_in_scope(tf.logical_not(step.has_rows)))
-            step.inputs = (args, kwargs)
+            step.lineage = BatchLineage((args, kwargs))
+            scopes.enter_context(step.lineage.recording())  # eager: lineage followed as it runs
             self._local_state.begin_step()
             try:
                 return self._in_replica_context(step_then_sum, args, kwargs)

@@ -56,14 +56,27 @@ def _zero_row(tensor):
     return tf.zeros(tf.concat([[1], tf.shape(tensor)[1:]], axis=0), dtype=tensor.dtype)
 
 
+def _empty_row(tensor):
+    """One row with no values of a `tf.SparseTensor` or `tf.RaggedTensor`."""
+    if isinstance(tensor, tf.SparseTensor):
+        shape = tf.shape(tensor, out_type=tf.int64)
+        return tf.SparseTensor(tf.zeros([0, shape.shape[0]], tf.int64), tensor.values[:0],
+                               tf.concat([[1], shape[1:]], axis=0))
+    return tf.RaggedTensor.from_row_splits(tensor.values[:0],
+                                           tf.zeros([2], tensor.row_splits.dtype))
+
+
 def stand_in_for_empty_slice(data, has_rows):
     """`data` itself when it has rows, else one row of zeros of the same structure.
 
-    Dense tensors get a zero row (empty strings for strings); sparse, ragged
-    and placeholder elements are kept as they are.
+    Dense tensors get a zero row (empty strings for strings); a sparse or
+    ragged tensor gets one row with no values; placeholders are kept as
+    they are.
     """
 
     def one(tensor):
+        if isinstance(tensor, (tf.SparseTensor, tf.RaggedTensor)):
+            return tf.cond(has_rows, lambda: tensor, lambda: _empty_row(tensor))
         if not _is_dense_batch(tensor):
             return tensor
         return tf.cond(has_rows, lambda: tensor, lambda: _zero_row(tensor))

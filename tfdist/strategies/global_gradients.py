@@ -36,7 +36,6 @@ from tfdist import _tf
 from tfdist.aggregation.base import GRADIENT
 from tfdist.profiling.names import communication_scope
 from tfdist.strategies import replica_step
-from tfdist.strategies.batch_dependence import reads_batch
 from tfdist.strategies.step_sum import StepSum
 
 
@@ -123,27 +122,55 @@ class GlobalGradients:
         Indices looked up from the batch: every rank's weighted (index,
         value) pairs, in rank order. Indices that do not depend on the
         batch (the same on every rank): those indices once, with the
-        weighted values summed over ranks.
-        """
-        if not reads_batch(slices.indices, step.inputs):
-            return self._sum_slices_of_shared_indices(slices, weight)
-        rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
-        values = _weighted(slices.values, weight)[:rows]
-        values, indices = self._gathered([values, slices.indices[:rows]])
-        return tf.IndexedSlices(values, indices, slices.dense_shape)
-
-    def _sum_slices_of_shared_indices(self, slices, weight):
-        """Sum over ranks of the weighted values of slices whose indices every rank shares.
-
-        Gathered and summed (any shape; k indices cost P k values of traffic,
-        few for a position embedding).
+        weighted values summed over ranks - after checking that they are
+        the same on every rank: indices whose lineage was lost (an eager
+        step's `.numpy()`) or that no rank shares (drawn at random) are
+        gathered as pairs, never summed position by position. Indices made
+        unique before the lookup are made unique again over the ranks.
         """
         values = _weighted(slices.values, weight)
-        gathered, = self._gathered([values])
-        per_rank = tf.reshape(gathered, tf.concat(
-            [[self._communicator.world_size, -1], tf.shape(values)[1:]], axis=0))
-        summed = tf.ensure_shape(tf.reduce_sum(per_rank, axis=0), values.shape)
-        return tf.IndexedSlices(summed, slices.indices, slices.dense_shape)
+        if step.lineage.reads_batch(slices.indices):
+            rows = tf.where(step.has_rows, tf.shape(slices.indices)[0], 0)
+            values, indices = self._gathered([values[:rows], slices.indices[:rows]])
+            gathered = tf.IndexedSlices(values, indices, slices.dense_shape)
+        else:
+            gathered = self._shared_indices_summed(slices, values, step)
+        if step.lineage.looked_up_once(slices.indices):
+            return _summed_per_index(gathered)
+        return gathered
+
+    def _shared_indices_summed(self, slices, values, step):
+        """Slices whose indices every rank shares: their values summed over ranks.
+
+        Every rank's indices, values and (pairs, has rows) are gathered;
+        when every rank holds the same indices the values are summed
+        position by position (any value shape), otherwise the ranks' pairs
+        are concatenated, those of empty slices left out. k indices cost
+        P k values and P k indices of traffic, few for a position embedding.
+        """
+        pairs = tf.shape(slices.indices, out_type=tf.int32)[0]
+        counts = tf.stack([pairs, tf.cast(step.has_rows, tf.int32)])[None]
+        values, indices, counts = self._gathered([values, slices.indices, counts])
+        world = self._communicator.world_size
+        first = counts[0, 0]
+
+        def same_on_every_rank():
+            per_rank = tf.reshape(indices, [world, -1])
+            return tf.reduce_all(tf.equal(per_rank, per_rank[:1]))
+
+        shared = tf.cond(tf.reduce_all(tf.equal(counts[:, 0], first)), same_on_every_rank,
+                         lambda: tf.constant(False))
+
+        def summed():
+            per_rank = tf.reshape(values, tf.concat([[world, -1], tf.shape(values)[1:]], axis=0))
+            return tf.reduce_sum(per_rank, axis=0), indices[:first]
+
+        def concatenated():
+            kept = tf.repeat(tf.cast(counts[:, 1], tf.bool), counts[:, 0])
+            return tf.boolean_mask(values, kept), tf.boolean_mask(indices, kept)
+
+        values, indices = tf.cond(shared, summed, concatenated)
+        return tf.IndexedSlices(values, indices, slices.dense_shape)
 
     def _gathered(self, tensors):
         """Every rank's `tensors`, concatenated in rank order (named and counted)."""
@@ -154,6 +181,14 @@ class GlobalGradients:
                 tensors, lambda: tuple(self._communicator.all_gather(t) for t in tensors),
                 payload_bytes=mine,
                 sent_bytes=mine * (self._communicator.world_size - 1))
+
+
+def _summed_per_index(slices):
+    """Each index once, its values summed, in order of first occurrence: what one process
+    holds for indices made unique before their lookup (`BatchLineage.looked_up_once`)."""
+    indices, position = tf.unique(slices.indices)
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(indices))
+    return tf.IndexedSlices(values, indices, slices.dense_shape)
 
 
 def _weighted(tensor, weight):

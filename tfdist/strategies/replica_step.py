@@ -16,6 +16,7 @@ import threading
 
 import tensorflow as tf
 
+from tfdist.strategies.batch_dependence import BatchLineage
 from tfdist.strategies.row_accounting import RowAccounting, kept_or_zeros
 from tfdist.strategies.step_plan import IMMEDIATE, StepPlan
 
@@ -27,7 +28,7 @@ class ReplicaStep(RowAccounting):
 
     Attributes:
         plan: the step's `StepPlan` (how its updates and losses are handled).
-        inputs: the step function's arguments (`batch_dependence.reads_batch`).
+        lineage: what of the step is computed from its batch (`batch_dependence`).
         gradients_aggregated: inside `aggregated_gradients`: the gradients
             an optimizer applies are global already.
         remote_parameter_set: a `REMOTE` step's parameter set (set id,
@@ -38,7 +39,7 @@ class ReplicaStep(RowAccounting):
                  plan=StepPlan(IMMEDIATE)):
         super().__init__(local_rows, global_rows, sum_over_ranks)
         self.plan = plan
-        self.inputs = ()
+        self.lineage = BatchLineage()
         self.gradients_aggregated = False
         self.remote_parameter_set = None
         self._deferred_updates = []

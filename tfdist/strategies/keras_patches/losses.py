@@ -14,7 +14,6 @@ import keras
 from keras.src.losses import loss as keras_loss_module
 
 from tfdist.strategies import replica_step
-from tfdist.strategies.batch_dependence import batch_ratio_denominator
 from tfdist.strategies.keras_patches.model_strategy import in_multi_process_strategy
 
 
@@ -51,7 +50,7 @@ def _install_global_loss_denominators():
     (`ReplicaStep.weight_for_global_denominator`), so that the step's
     share weighting gives each term's global value. So is a `Loss` whose
     `call` returns its own ratio of batch sums (keras.io's NER loss,
-    `ops.sum(loss * mask) / ops.sum(mask)`; `batch_ratio_denominator`).
+    `ops.sum(loss * mask) / ops.sum(mask)`; `BatchLineage.ratio_denominator`).
     Keras' own steps and custom `train_step`s that call a `keras.losses.Loss`
     get this; a user's function in `strategy.run` scales its losses itself.
     """
@@ -69,7 +68,7 @@ def _install_global_loss_denominators():
         reduction = keras_loss_module.standardize_reduction(reduction)
         values = keras.ops.convert_to_tensor(values, dtype=dtype)
         if values.shape.rank == 0:  # reduced by the loss itself: a hand-written mean?
-            denominator = batch_ratio_denominator(values, step.inputs)
+            denominator = step.lineage.ratio_denominator(values)
             if denominator is None or sample_weight is not None or mask is not None:
                 return loss
             return step.weight_for_global_denominator(loss, denominator)
