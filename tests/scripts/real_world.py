@@ -39,7 +39,10 @@ The cases are the paths the keras_patterns suite does not walk:
 * `ModelCheckpoint(save_best_only=True)` read back with `load_model` right
   after `fit`, on every rank, and training the reloaded model further;
   a `tf.train.Checkpoint` saved and restored in a custom loop;
-* transfer learning (freeze, train the head, unfreeze, recompile, fine-tune).
+* transfer learning (freeze, train the head, unfreeze, recompile, fine-tune);
+* from `real_world_conventions.py`: `run_eagerly` with embeddings, sparse
+  inputs, hand-written loss ratios, `ScheduleFreeAdamW`, and saves on rank 0
+  only (Horovod's convention).
 
 Global batches do not split evenly over 2, 3 or 4 processes, and the last
 batch of several cases has fewer rows than processes (empty slices).
@@ -987,6 +990,12 @@ def case_mixed_float16_regression(strategy):
         keras.mixed_precision.set_global_policy("float32")
 
 
+import real_world_conventions  # noqa: E402  pylint: disable=wrong-import-position
+from real_world_conventions import (  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+    case_eager_embedding, case_hand_written_ratio, case_saves_on_rank_zero, case_schedule_free,
+    case_sparse_inputs)
+
+real_world_conventions.WORKDIR = WORKDIR  # one list: --workdir and the tests set both
 CASES = cases_of(globals())
 
 

@@ -40,10 +40,12 @@ class Communicator(abc.ABC):
             buffers itself (Horovod's tensor fusion); algorithms then hand the
             whole group to the engine instead of fusing it first.
         supports_point_to_point: True if `send` / `recv` are available.
+        timeout: seconds any wait on the peers may last (the job timeout).
     """
 
     rank: int = 0
     world_size: int = 1
+    timeout: float = 300.0
     engine: str = "abstract"
     fuses_tensors: bool = False
     supports_point_to_point: bool = False

@@ -117,6 +117,7 @@ class SimulatedCommunicator(Communicator):
     def __init__(self, rank: int, meeting: _Meeting) -> None:
         self.rank = rank
         self.world_size = meeting.world_size
+        self.timeout = meeting.timeout
         self._meeting = meeting
         self._rounds = itertools.count()
         self._traced = TraceStableCounter()  # numbers of the collectives traced in functions

@@ -16,7 +16,12 @@ pushed (`async_store`); a step's agreed flags are this worker's own and
 those its pull brought (`absorb_bits`). A flag raised on one worker is
 then seen by every worker at its next step after the one that pushed it.
 
-Cost: `len(NAMES)` floats in every training step's all-reduce; one
+The same vector carries each rank's fingerprint of its weights at an epoch
+end (`post_fingerprint`: two floats in the rank's own slots, zeros in the
+others', so the sum holds every rank's exactly), read after the next step
+(`fingerprints`; `replica_consistency`).
+
+Cost: `len(NAMES)` + 2 P floats in every training step's all-reduce; one
 variable read after a step, only where a flag is watched.
 """
 
@@ -35,15 +40,18 @@ class AgreedFlags:
         world_size: the number of training processes (1: nothing is exchanged).
     """
 
-    def __init__(self, world_size):
+    def __init__(self, world_size, rank=0):
         self._exchanged = world_size > 1
         self._raised = [False] * len(NAMES)  # host side: set at any time, by any thread
         self._written = [False] * len(NAMES)
+        self._fingerprint = None  # two floats waiting to be written (`post_fingerprint`)
+        self._fingerprint_slot = len(NAMES) + 2 * rank
         self._lock = threading.Lock()
+        size = len(NAMES) + 2 * world_size if self._exchanged else len(NAMES)
         with tf.init_scope():
-            self._local = tf.Variable(tf.zeros([len(NAMES)]), trainable=False,
+            self._local = tf.Variable(tf.zeros([size]), trainable=False,
                                       name="tfdist_raised_flags")
-            self._agreed = tf.Variable(tf.zeros([len(NAMES)]), trainable=False,
+            self._agreed = tf.Variable(tf.zeros([size]), trainable=False,
                                        name="tfdist_agreed_flags")
 
     def raise_flag(self, index):
@@ -54,13 +62,26 @@ class AgreedFlags:
         """Lower flag `index` on this rank (it was acted on)."""
         self._raised[index] = False
 
+    def post_fingerprint(self, halves):
+        """This rank's weights fingerprint (two floats) joins the next step's sums (host)."""
+        if self._exchanged:
+            self._fingerprint = list(halves)
+
+    def fingerprints(self):
+        """Every rank's posted fingerprint halves, in rank order, as the last step summed them."""
+        return [float(v) for v in self._agreed.numpy()[len(NAMES):]]
+
     def before_step(self):
         """Write newly raised flags where the next step reads them (host, before a step)."""
-        if self._raised == self._written:
+        if self._raised == self._written and self._fingerprint is None:
             return
         with self._lock:
             self._written = list(self._raised)
-            self._local.assign([1.0 if raised else 0.0 for raised in self._written])
+            self._local[:len(NAMES)].assign([1.0 if raised else 0.0 for raised in self._written])
+            if self._fingerprint is not None:
+                slot = self._fingerprint_slot
+                self._local[slot:slot + 2].assign(self._fingerprint)
+                self._fingerprint = None
 
     # -------------------------------------------------------------- in the step
     def step_vector(self):
@@ -73,7 +94,7 @@ class AgreedFlags:
 
     def step_bits(self):
         """This rank's flags as the bits of an int64 (bit i: flag i), for a push."""
-        raised = tf.cast(self._local.read_value() > 0, tf.int64)
+        raised = tf.cast(self._local.read_value()[:len(NAMES)] > 0, tf.int64)
         return tf.reduce_sum(raised * tf.constant([1 << i for i in range(len(NAMES))], tf.int64))
 
     def absorb_bits(self, bits):
@@ -81,7 +102,8 @@ class AgreedFlags:
         pulled = tf.cast(tf.bitwise.bitwise_and(
             tf.bitwise.right_shift(tf.cast(bits, tf.int64), tf.range(len(NAMES), dtype=tf.int64)),
             1), tf.float32)
-        return self._agreed.assign(tf.maximum(self._local.read_value(), pulled))
+        return self._agreed[:len(NAMES)].assign(
+            tf.maximum(self._local.read_value()[:len(NAMES)], pulled))
 
     # ---------------------------------------------------------------- after a step
     def agreed(self, index):

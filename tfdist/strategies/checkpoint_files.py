@@ -72,20 +72,27 @@ def _process_exists(pid):
     return True
 
 
-def write_atomically(write, path):
+def write_atomically(write, path, before_rename=None):
     """Call `write(temporary_path)`, then rename the result to `path` (atomic, local files).
 
     Non-local paths are written in place. If `write` fails, `path` is untouched
     and the temporary file is removed; temporary files of killed writers
-    are removed by the next write of the same path.
+    are removed by the next write of the same path. `before_rename(temporary)`,
+    if given, is called with the complete file just before the rename (with
+    `path` itself once written, where nothing is renamed).
     """
     path = os.fspath(path)
     if not _is_local(path):
-        return write(path)
+        result = write(path)
+        if before_rename is not None:
+            before_rename(None)
+        return result
     _remove_leftovers(path)
     temporary = _temporary_name(path)
     try:
         result = write(temporary)
+        if before_rename is not None:
+            before_rename(temporary)
         os.replace(temporary, path)
         return result
     finally:
@@ -93,20 +100,25 @@ def write_atomically(write, path):
             os.remove(temporary)
 
 
-def save_model_atomically(save, model, filepath, *args, **kwargs):
+def save_model_atomically(save, model, filepath, *args, before_rename=None, **kwargs):
     """`Model.save` / `Model.save_weights` (the original `save`) without a torn file.
 
     Saves Keras does not write as one file (a directory with `zipped=False`,
     sharded weights) and saves that may ask before overwriting
-    (`overwrite=False` with an existing file) are passed through unchanged.
+    (`overwrite=False` with an existing file) are passed through unchanged
+    (`before_rename(None)` follows them). `before_rename`: `write_atomically`'s.
     """
     path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
     single_file = (kwargs.get("zipped", True) is not False
                    and kwargs.get("max_shard_size") is None)
     asks = kwargs.get("overwrite", True) is False and path is not None and os.path.exists(path)
     if path is None or args or not single_file or asks:
-        return save(model, filepath, *args, **kwargs)
-    return write_atomically(lambda temporary: save(model, temporary, **kwargs), path)
+        result = save(model, filepath, *args, **kwargs)
+        if before_rename is not None:
+            before_rename(None)
+        return result
+    return write_atomically(lambda temporary: save(model, temporary, **kwargs), path,
+                            before_rename)
 
 
 def save_backup(model, paths, previous_paths, training_state):

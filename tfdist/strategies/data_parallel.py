@@ -107,7 +107,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                                            self._cluster.world_size)
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self._any_rank_functions = {}  # number of flags -> compiled exchange
-        self.agreed_flags = AgreedFlags(self._cluster.world_size)
+        self.agreed_flags = AgreedFlags(self._cluster.world_size, self._cluster.rank)
         self.preemption = PreemptionNotice(self.agreed_flags, self._cluster.rank,
                                            self._cluster.timeout)
 

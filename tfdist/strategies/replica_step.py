@@ -46,6 +46,7 @@ class ReplicaStep(RowAccounting):
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
         self._stand_in = []  # bool tensors: the data being computed on is a stand-in row
+        self._ratio_factors = {}  # id(scalar) -> (scalar, factor or None): `ratio_factor`
 
     @property
     def scaled_by_user(self):
@@ -59,6 +60,37 @@ class ReplicaStep(RowAccounting):
         if self.scaled_by_user:
             return lambda dtype: tf.ones([], dtype)
         return self.has_rows_weight if weighted_in_loss else self.weight
+
+    def ratio_factor(self, value):
+        """The factor that makes a hand-written ratio of batch sums global, or None.
+
+        `value` is a scalar loss the user wrote as S_r / W_r over the slice
+        (`BatchLineage.ratio_denominator`: `sum(w * l) / max(sum(w), 1)` in a
+        `compute_loss` override or a custom step); its value times the factor
+        (D_r / D) (n / n_r) (`weight_for_global_denominator`) is weighted by
+        the share like every per-slice value and sums to S / W over ranks.
+        None for anything else (a mean over rows needs nothing). Computed
+        once per tensor: the loss tracker, the gradient and a metric reading
+        the same loss share one small all-reduce.
+        """
+        entry = self._ratio_factors.get(id(value))
+        if entry is not None and entry[0] is value:
+            return entry[1]
+        factor = None
+        if not self.scaled_by_user and not self.plan.is_remote:
+            denominator = self.lineage.ratio_denominator(value)
+            if denominator is not None:
+                factor = tf.stop_gradient(self.weight_for_global_denominator(
+                    tf.ones([], tf.float32), denominator))
+        self._ratio_factors[id(value)] = (value, factor)
+        return factor
+
+    def global_ratio_value(self, value):
+        """`value`, rescaled by `ratio_factor` when it is a hand-written ratio of batch sums."""
+        factor = self.ratio_factor(value)
+        if factor is None:
+            return value
+        return value * tf.cast(factor, value.dtype)
 
     def defer_update(self, update):
         """Run `update` (a `DeferredUpdate`) at the end of the step (a `DEFERRED` plan)."""

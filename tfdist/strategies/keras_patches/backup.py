@@ -249,9 +249,9 @@ def _preemption_of(callback_list):
 
 
 def _before_train_batch(callback_list):
-    strategy, _ = _preemption_of(callback_list)
-    if strategy is not None:
-        strategy.extended.agreed_flags.before_step()  # a notice joins the next step
+    strategy = tfdist_strategy(getattr(callback_list, "model", None))
+    if strategy is not None:  # a notice, or an epoch's weights fingerprint, joins the next step
+        strategy.extended.agreed_flags.before_step()
 
 
 def _back_up_if_preempted(callback_list):

@@ -49,7 +49,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist import cluster as cluster_lib
-from tfdist.strategies import rank_state
+from tfdist.strategies import rank_state, save_records
 from tfdist.strategies.checkpoint_files import save_backup, write_atomically
 from tfdist.strategies.training_state import TrainingState, callback_key
 
@@ -113,9 +113,10 @@ class BackupState:
         self._save_best_weights()
         previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
                     if callback.double_checkpoint else None)
-        save_backup(self.model, (callback._weights_path, callback._training_metadata_path),
-                    previous, {"epoch": epoch, "batch": callback._last_batch_seen,
-                               "tfdist": state.to_json()})
+        with save_records.unrecorded():  # written and read by the chief only
+            save_backup(self.model, (callback._weights_path, callback._training_metadata_path),
+                        previous, {"epoch": epoch, "batch": callback._last_batch_seen,
+                                   "tfdist": state.to_json()})
 
     def remove(self) -> None:
         """End of fit, every rank: its own residual file (the chief's callback deletes the
@@ -129,6 +130,8 @@ class BackupState:
         resume, or a backup plain Keras wrote)."""
         # pylint: disable=protected-access
         restored, state = False, None
+        if self._backup_exists():
+            _build_optimizer(self.model)  # its state is in the backup (built on every rank)
         if self.strategy.is_chief:
             restored = tf.io.gfile.exists(self.callback._weights_path)
             keras_restore(logs)  # Keras' own: the weights, and the epoch into model._initial_epoch
@@ -141,6 +144,15 @@ class BackupState:
             restored, state = self.sync(restored, state)
         return state if restored else None
 
+    def _backup_exists(self) -> bool:
+        """Whether the chief sees a backup to restore (told to every rank)."""
+        exists = (self.strategy.is_chief
+                  and tf.io.gfile.exists(self.callback._weights_path))  # pylint: disable=protected-access
+        if self.strategy.world_size == 1:
+            return exists
+        communicator = self.strategy.extended.communicator
+        return bool(communicator.broadcast(tf.constant([int(exists)], tf.int64)).numpy()[0])
+
     def sync(self, restored: bool, state: Optional[TrainingState]):
         """The chief's (restored, state), weights and optimizer on every rank; each rank's own
         residuals."""
@@ -151,8 +163,7 @@ class BackupState:
             return False, None
         model._initial_epoch = int(epoch) or None  # pylint: disable=protected-access
         state = TrainingState.share(communicator, state)
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        _build_optimizer(model)
         variables = list(model.weights) + list(model.optimizer.variables
                                                 if model.optimizer else [])
         for variable in variables:
@@ -266,3 +277,11 @@ def _read_best_weights(path, best_epoch):
         names = sorted((n for n in arrays.files if n.startswith("arr_")),
                        key=lambda n: int(n.split("_")[1]))
         return [arrays[name] for name in names]
+
+
+def _build_optimizer(model) -> None:
+    """Build the model's optimizer before its state is restored (one process builds it when
+    its first step is traced: `keras_patches.data`)."""
+    if model.optimizer is not None and not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)

@@ -11,7 +11,8 @@ a tfdist strategy, without changes to the user's script:
   the cross-process collectives inside the step);
 * every call of the compiled train/test/predict step is bounded by the job
   timeout (`_StepTimeout`): its collectives carry no op-level timeout;
-* `fit` ends with a barrier (`_EndOfFitBarrier`); with the asynchronous
+* every rank's weights are compared at each epoch end and at the end of
+  `fit`, which ends with a barrier (`_ReplicaConsistency`); with the asynchronous
   parameter server, the model follows the servers' parameters
   (`_ServerParameters`);
 * next to a `TensorBoard` callback, tfdist's communication scalars are
@@ -26,6 +27,7 @@ import keras
 
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
+from tfdist.strategies import replica_consistency
 from tfdist.strategies.keras_patches import backup, backup_state
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)
@@ -98,34 +100,55 @@ class _StepTimeout(keras.callbacks.Callback):
 
 
 @agrees_across_ranks
-class _EndOfFitBarrier(keras.callbacks.Callback):
-    """`fit` returns on every rank once the chief has finished writing.
+class _ReplicaConsistency(keras.callbacks.Callback):
+    """Every rank's weights compared at each epoch end and at the end of `fit`, which ends with
+    the comparison's all-gather, a barrier: `fit` returns once the chief has written.
 
-    Only the chief writes checkpoints (`ModelCheckpoint`, `BackupAndRestore`,
-    `Model.save` in a callback). During training the next step's collective
-    orders a rank after the chief's writes of the epoch before; after the
-    last epoch nothing would, and a rank that reads the chief's file right
-    after `fit` (`keras.models.load_model(best_path)`) could read the
-    previous one. Runs last, after every other callback's `on_train_end`.
+    The comparison (`replica_consistency`): at an epoch end each rank's
+    fingerprint rides the next training step's all-reduce and is verified
+    after it; at the end of `fit`, per-variable fingerprints are gathered.
+    A difference stops every rank with `ReplicasDiverged`, naming the
+    variables.
 
-    Cost: one barrier (a tiny all-reduce) per `fit`.
+    The barrier: only the chief writes checkpoints (`ModelCheckpoint`,
+    `BackupAndRestore`, `Model.save` in a callback). During training the
+    next step's collective orders a rank after the chief's writes of the
+    epoch before; after the last epoch nothing would, and a rank that reads
+    the chief's file right after `fit` (`keras.models.load_model(best_path)`)
+    could read the previous one. Runs last, after every other callback's
+    hooks.
+
+    Cost: one small all-gather per `fit`; per epoch, hashing the weights and
+    2 P floats in the next step's all-reduce (`replica_consistency`).
     """
 
-    def __init__(self, communicator):
+    def __init__(self, strategy):
         super().__init__()
-        self._communicator = communicator
+        self._strategy = strategy
+        self._epoch_end = replica_consistency.EpochEndCheck(
+            strategy.extended.agreed_flags, strategy.extended.communicator)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch_end.post(replica_consistency.compared_variables(self.model),
+                             f"at the end of epoch {epoch + 1}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._epoch_end.verify(replica_consistency.compared_variables(self.model))
 
     def on_train_end(self, logs=None):
-        with self._communicator.expect_progress("the barrier at the end of fit"):
-            self._communicator.barrier()
+        communicator = self._strategy.extended.communicator
+        with communicator.expect_progress("the check of every rank's weights at the end of fit"):
+            replica_consistency.check_now(
+                communicator, replica_consistency.compared_variables(self.model),
+                "at the end of fit")
 
 
-def _with_end_of_fit_barrier(model, callbacks):
+def _with_replica_consistency(model, callbacks):
     strategy = tfdist_strategy(model)
     if (strategy is None or strategy.world_size == 1
             or strategy.extended.remote_updates is not None):  # async: _ServerParameters
         return callbacks
-    return list(callbacks) + [_EndOfFitBarrier(strategy.extended.communicator)]
+    return list(callbacks) + [_ReplicaConsistency(strategy)]
 
 
 @agrees_across_ranks
@@ -228,7 +251,7 @@ def install():
             callbacks = _with_step_timeout(model, callbacks)
             callbacks = _with_server_parameters(model, callbacks)
             callbacks = _with_communication_profiling(model, callbacks)
-            callbacks = _with_end_of_fit_barrier(model, callbacks)
+            callbacks = _with_replica_consistency(model, callbacks)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks, tfdist_strategy(model))
             add_progbar = False

@@ -51,8 +51,7 @@ def _install_build_without_peeking():
             return maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
         spec = tf.nest.map_structure(
             lambda s: None if isinstance(s, tf.OptionalSpec) else s, dataset.element_spec)
-        with self.distribute_strategy.scope(), _optimizer_unbuilt_unless(
-                self, getattr(iterator, "_tfdist_fit_iterator", False)):
+        with self.distribute_strategy.scope(), _optimizer_left_unbuilt(self):
             try:
                 self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
             except RuntimeError as error:
@@ -65,16 +64,20 @@ def _install_build_without_peeking():
 
 
 @contextlib.contextmanager
-def _optimizer_unbuilt_unless(model, training):
-    """Keras' symbolic build also builds the optimizer; inside, only when `training`.
+def _optimizer_left_unbuilt(model):
+    """Keras' symbolic build also builds the optimizer; inside, it does not.
 
-    One process builds the optimizer at its first training step, so an
-    `evaluate` before any `fit` leaves it unbuilt and a `load_weights` then
-    restores no optimizer state; a symbolic build in `evaluate` or `predict`
-    must not build it either.
+    One process (no strategy: no symbolic build) builds the optimizer when
+    its first training step is traced, from inside that step: what `build`
+    runs besides creating variables (`ScheduleFreeAdamW` copies the weights
+    into its state) is then part of the traced step. Built earlier, eagerly,
+    it would run once instead, and train differently; an `evaluate` before
+    any `fit` must leave it unbuilt too, or a `load_weights` then restores
+    optimizer state one process would not. A resume builds it before it
+    restores the backup (`backup_state`).
     """
     optimizer = getattr(model, "optimizer", None)
-    hide = not training and optimizer is not None and not optimizer.built
+    hide = optimizer is not None and not optimizer.built
     if hide:
         optimizer.built = True  # what _symbolic_build reads
     try:

@@ -1,16 +1,19 @@
 """Losses: each rank's loss is a mean over its slice, each term over its own denominator.
 
-Two patches of `keras.src.losses.loss` (see `replica_step` for the rule):
+Two patches of `keras.src.losses.loss` and one of `tf.GradientTape.gradient`
+(see `replica_step` for the rule):
 Keras' 1 / num_replicas loss scaling is off in a multi-process tfdist
 strategy (tfdist weights by each rank's share instead), and a loss term whose
 denominator is not proportional to the rows (a mask, sample weights,
 `reduction="sum"`, a hand-written ratio of batch sums) is rescaled for its
-global denominator.
+global denominator, and so is a scalar loss the user wrote as a ratio of batch
+sums wherever it is reduced or differentiated.
 """
 
 import functools
 
 import keras
+import tensorflow as tf
 from keras.src.losses import loss as keras_loss_module
 
 from tfdist.strategies import replica_step
@@ -32,7 +35,9 @@ def _install_loss_scaling():
         return value if in_multi_process_strategy() else scale(value)
 
     def unscale_loss_for_distribution(value):
-        return value if in_multi_process_strategy() else unscale(value)
+        if not in_multi_process_strategy():
+            return unscale(value)
+        return _global_if_ratio(value)  # what Keras' steps give their loss tracker
 
     keras_loss_module.scale_loss_for_distribution = scale_loss_for_distribution
     keras_loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
@@ -98,7 +103,54 @@ def _install_global_loss_denominators():
     keras_loss_module.reduce_weighted_values = globally_reduced
 
 
+def _global_if_ratio(value):
+    """`value`, made global if it is a hand-written ratio of batch sums in a tfdist step
+    (`ReplicaStep.global_ratio_value`)."""
+    step = replica_step.current()
+    if step is None or not isinstance(value, tf.Tensor) or not in_multi_process_strategy():
+        return value
+    return step.global_ratio_value(value)
+
+
+def _install_ratio_gradients():
+    """The gradient of a hand-written ratio of batch sums is the global ratio's gradient.
+
+    A `compute_loss` override or a custom `train_step` may return its own
+    ratio, `sum(w * l) / max(sum(w), 1)`, which no `keras.losses.Loss` sees.
+    Keras' own steps pass it through `optimizer.scale_loss` and the loss
+    tracker (both make it global, `ReplicaStep.global_ratio_value`); a custom
+    step differentiates it directly, so `GradientTape.gradient` of such a
+    scalar inside a tfdist step is scaled by the same factor (a constant of
+    the backward pass: d(c L) = c dL). Any other target is untouched.
+    """
+    gradient = tf.GradientTape.gradient
+
+    @functools.wraps(gradient)
+    def gradient_of_global_ratio(self, target, sources, *args, **kwargs):
+        gradients = gradient(self, target, sources, *args, **kwargs)
+        step = replica_step.current()
+        if (step is None or not isinstance(target, tf.Tensor) or target.shape.rank != 0
+                or not in_multi_process_strategy()):
+            return gradients
+        factor = step.ratio_factor(target)
+        if factor is None:
+            return gradients
+        return tf.nest.map_structure(lambda g: _scaled_gradient(g, factor), gradients)
+
+    tf.GradientTape.gradient = gradient_of_global_ratio
+
+
+def _scaled_gradient(gradient, factor):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
 def install():
-    """Both loss patches."""
+    """The loss patches."""
     _install_loss_scaling()
     _install_global_loss_denominators()
+    _install_ratio_gradients()

@@ -3,6 +3,7 @@
 import functools
 
 import tensorflow as tf
+from keras.src import backend
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
@@ -10,6 +11,14 @@ from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches.steps import scales_loss
 from tfdist.strategies.step_plan import DEFERRED, REMOTE
+
+
+def _build_as_apply_does(optimizer, variables):
+    """Build `optimizer` (and the aggregation hook's state) where Keras' `apply` would, in the
+    step that first applies: before the gradients are aggregated, which may use that state."""
+    with backend.name_scope(optimizer.name, caller=optimizer):
+        optimizer.build(variables)
+    optimizer.built = True
 
 
 def install():
@@ -34,6 +43,8 @@ def install():
                 return original(self, grads, trainable_variables)
             strategy = tf.distribute.get_strategy()
             grads = list(grads)
+            if trainable_variables is not None and grads and not self.built:
+                _build_as_apply_does(self, list(trainable_variables))
             variables = (trainable_variables if trainable_variables is not None
                          else self._trainable_variables)  # pylint: disable=protected-access
             if step.plan.updates == REMOTE:  # asynchronous: the servers apply
@@ -57,6 +68,8 @@ def install():
     def share_weighted(original):
         def scale_loss(self, loss):
             step = replica_step.current()
+            if step is not None and isinstance(loss, tf.Tensor):
+                loss = step.global_ratio_value(loss)  # a hand-written ratio made global
             loss = original(self, loss)
             if step is None or step.scaled_by_user or not scales_loss(self):
                 return loss

@@ -1,24 +1,26 @@
-"""Saving: `Model.save` / `save_weights` / `export` write on the chief only, atomically, and
-return on every rank once the file is complete; each rank's own state beside them.
+"""Saving: `Model.save` / `save_weights` / `export` write on the chief only, atomically; the
+chief never waits, another rank that saves returns once the chief's file is complete.
 
 Every rank holds the same weights; one writer avoids clobbered files, and
 the chief's file replaces the old one atomically (`checkpoint_files`): a
 process killed mid-save leaves no torn file. `export` (a SavedModel
-directory) is written into a staging directory and moved into place. The
-state each rank keeps for itself (a compressor's residuals) is written by
-every other rank beside the chief's file and read back by `load_weights` /
-`keras.saving.load_model` (`rank_state`).
+directory) is written into a staging directory and moved into place.
 
-Called outside `fit`/`evaluate`/`predict` (keras.io's "save, then load the
-model back" on every rank), a save is a collective, as under
-MultiWorkerMirroredStrategy: every rank calls it, and every rank returns only
-once the chief's file is complete (one barrier after the write), so a rank
-that loads the file right after saving reads the new one. A save only the
-chief calls (`if strategy.is_chief: model.save(...)`) therefore waits for
-its peers and fails after the job's timeout with a message saying so. Inside
-`fit`, a callback's save (`ModelCheckpoint`, on the chief only) is ordered
-by the next step's collective and by the barrier that ends `fit`
-(`callbacks`). `keras.saving.save_model(model, ...)` is `model.save(...)`.
+Both conventions of saving in a multi-process script work, after `fit`,
+inside callbacks and mid-fit (`save_records`):
+
+* every rank calls the save (keras.io's scripts, MultiWorkerMirroredStrategy's
+  habit): the chief writes; every other rank returns once the chief's file
+  with the same weights is complete, so a rank that loads the file right
+  after saving reads the new one;
+* only the chief calls it (Horovod's "save checkpoints only on worker 0",
+  `if strategy.is_chief: model.save(...)`, a callback only rank 0 has): the
+  chief writes and goes on; nobody waits for ranks that do not call.
+
+The state each rank keeps for itself (a compressor's residuals) is written
+by every other rank that saves, beside the chief's file, and read back by
+`load_weights` / `keras.saving.load_model` (`rank_state`).
+`keras.saving.save_model(model, ...)` is `model.save(...)`.
 """
 
 import os
@@ -27,9 +29,8 @@ import shutil
 import keras
 from absl import logging
 
-from tfdist.strategies import rank_state
+from tfdist.strategies import rank_state, save_records
 from tfdist.strategies.checkpoint_files import save_model_atomically, writer_tag
-from tfdist.strategies.keras_patches.data import in_keras_loop
 from tfdist.strategies.keras_patches.model_strategy import is_non_chief_model, tfdist_strategy
 
 
@@ -37,30 +38,55 @@ def _filepath(args, kwargs):
     return kwargs.get("filepath", args[0] if args else None)
 
 
-def _complete_on_every_rank(model, what):
-    """Outside fit/evaluate/predict: return once every rank got here (the chief has written)."""
+def _recorded_path(model, filepath):
+    """The local or remote path a save to `filepath` is recorded under, or None (no record:
+    one process, the asynchronous parameter server - whose ranks hold different weights -,
+    a backup, a path that is not a name)."""
     strategy = tfdist_strategy(model)
     if (strategy is None or strategy.world_size == 1 or strategy.extended.asynchronous
-            or in_keras_loop()):
-        return
+            or not save_records.recorded() or not isinstance(filepath, (str, os.PathLike))):
+        return None
+    return os.fspath(filepath)
+
+
+def _on_the_chief(model, what, filepath, write):
+    """`write(before_rename)` on the chief (recording the save); on another rank, wait for
+    the chief's file."""
+    path = _recorded_path(model, filepath)
+    if is_non_chief_model(model):
+        logging.log_first_n(logging.INFO, "tfdist: %s writes on the chief only", 1, what)
+        if path is not None:
+            _wait_for_the_chief(model, what, path)
+        return None
+    if path is None:
+        return write(None)
+    saved = save_records.SavedWeights(model)
+    return write(lambda written: save_records.publish(path, saved, written))
+
+
+def _wait_for_the_chief(model, what, path):
+    strategy = tfdist_strategy(model)
     communicator = strategy.extended.communicator
-    with communicator.expect_progress(
-            f"{what} (a collective: every rank calls it and returns once the chief's file is "
-            "complete; call it on every rank, not only on the chief)"):
-        communicator.barrier()
+    save_records.wait_for(path, save_records.SavedWeights(model), what, strategy.rank,
+                          communicator.timeout, lambda: 0 in communicator.gone_peers())
 
 
-def _export_atomically(export, model, filepath, *args, **kwargs):
+def _export_atomically(export, model, filepath, *args, before_rename=None, **kwargs):
     """`Model.export` into a staging directory beside `filepath`, then moved into place."""
     path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
     if path is None or "://" in path:
-        return export(model, filepath, *args, **kwargs)
+        result = export(model, filepath, *args, **kwargs)
+        if before_rename is not None:
+            before_rename(None)
+        return result
     directory, name = os.path.split(os.path.abspath(path))
     staging = os.path.join(directory, f".{name}.tfdist-{writer_tag()}")
     previous = os.path.join(directory, f".{name}.tfdist-{writer_tag()}-previous")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         result = export(model, staging, *args, **kwargs)
+        if before_rename is not None:
+            before_rename(staging)
         if os.path.lexists(path):
             os.replace(path, previous)  # a directory is not replaced in one rename
         os.replace(staging, path)
@@ -71,9 +97,9 @@ def _export_atomically(export, model, filepath, *args, **kwargs):
 
 
 def install():
-    """`Model.save` / `save_weights` / `export`: written on the chief, atomically, complete on
-    every rank when they return; every rank's own state beside; `load_weights` /
-    `load_model`: each rank's own state restored."""
+    """`Model.save` / `save_weights` / `export`: written on the chief, atomically, recorded;
+    other ranks that save wait for the chief's file; every rank's own state beside;
+    `load_weights` / `load_model`: each rank's own state restored."""
     for method_name in ("save", "save_weights"):
         original = getattr(keras.Model, method_name)
 
@@ -81,15 +107,11 @@ def install():
             strategy = tfdist_strategy(self)
             if strategy is None:
                 return _original(self, *args, **kwargs)
-            rank_state.save(self, _filepath(args, kwargs), strategy)
-            result = None
-            if is_non_chief_model(self):
-                logging.log_first_n(
-                    logging.INFO, "tfdist: Model.%s skipped on non-chief rank", 1, _name)
-            else:
-                result = save_model_atomically(_original, self, *args, **kwargs)
-            _complete_on_every_rank(self, f"Model.{_name}")
-            return result
+            filepath = _filepath(args, kwargs)
+            rank_state.save(self, filepath, strategy)
+            return _on_the_chief(self, f"Model.{_name}", filepath, lambda before_rename: (
+                save_model_atomically(_original, self, *args, before_rename=before_rename,
+                                      **kwargs)))
 
         setattr(keras.Model, method_name, chief_only)
 
@@ -98,13 +120,9 @@ def install():
     def export_on_the_chief(self, *args, **kwargs):
         if tfdist_strategy(self) is None:
             return export(self, *args, **kwargs)
-        result = None
-        if is_non_chief_model(self):
-            logging.log_first_n(logging.INFO, "tfdist: Model.export skipped on non-chief rank", 1)
-        else:
-            result = _export_atomically(export, self, *args, **kwargs)
-        _complete_on_every_rank(self, "Model.export")
-        return result
+        return _on_the_chief(self, "Model.export", _filepath(args, kwargs),
+                             lambda before_rename: _export_atomically(
+                                 export, self, *args, before_rename=before_rename, **kwargs))
 
     keras.Model.export = export_on_the_chief
 

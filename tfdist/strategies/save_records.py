@@ -1,0 +1,176 @@
+"""A save's completion record: the chief never waits, the other ranks wait for the chief's file.
+
+Scripts save in two conventions, and both must work:
+
+* keras.io's: every rank calls `model.save(path)` (then often loads it back);
+* Horovod's: only rank 0 does (`if hvd.rank() == 0: model.save(path)`).
+
+The chief cannot know which convention the script follows, so it never waits
+for the others. It writes the file under a temporary name
+(`checkpoint_files`), records in the directory's one record file,
+`.tfdist-saves`, the fingerprints of the weights it saved
+(`replica_consistency`) and the inode the file will have (`publish`), then
+renames the file into place. A rank other than the chief writes nothing but
+its own state (`rank_state`); it fingerprints its own weights - the same as
+the chief's, every rank holding the same weights - and returns once the
+record holds them and `path` is that inode (`wait_for`): the chief's file
+with these weights is complete, so a load right after reads it. A rank that
+calls no save waits for nothing.
+
+The record is written before the rename so that the checkpoint, not the
+record, is the newest entry of its directory (keras.io's scripts resume from
+`max(os.listdir(dir), key=os.path.getctime)`); it keeps the latest
+`_KEPT` saves of the directory, one hidden file per directory. Where the file
+cannot be renamed into place (a remote file system), the record follows the
+save and only the fingerprints are compared.
+
+The wait is bounded by the job timeout and fails with what is known: the
+chief is gone; the chief saved `path` with other weights (the variables that
+differ are named: the ranks disagree); or no such save came (the chief does
+not call this save, or `path` is not on a file system the ranks share - call
+it on the chief only, Horovod's way).
+
+Cost: the chief hashes its weights once per save (`replica_consistency`)
+and rewrites a small file; another rank hashes its weights and polls the
+record (every 20-200 ms) until the chief's file is there.
+"""
+
+import contextlib
+import json
+import os
+import threading
+import time
+
+import tensorflow as tf
+
+from tfdist.strategies import replica_consistency
+from tfdist.strategies.checkpoint_files import write_atomically
+
+_FIRST_POLL_SECONDS = 0.02
+_LONGEST_POLL_SECONDS = 0.2
+
+
+_KEPT = 64  # saves remembered per directory
+_unrecorded = threading.local()
+
+
+@contextlib.contextmanager
+def unrecorded():
+    """Inside: the chief's saves leave no record (a `BackupAndRestore` backup, which only the
+    chief writes and reads)."""
+    previous = getattr(_unrecorded, "active", False)
+    _unrecorded.active = True
+    try:
+        yield
+    finally:
+        _unrecorded.active = previous
+
+
+def recorded():
+    """False inside `unrecorded`."""
+    return not getattr(_unrecorded, "active", False)
+RECORD_NAME = ".tfdist-saves"
+
+
+def _split(path):
+    path = os.fspath(path).rstrip("/")
+    return os.path.split(path)
+
+
+def record_path(path):
+    """The record file of the directory a save to `path` writes into."""
+    directory, _ = _split(path)
+    return os.path.join(directory, RECORD_NAME)
+
+
+def _inode(path):
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+class SavedWeights:
+    """The fingerprints of the weights a save holds (`replica_consistency`)."""
+
+    def __init__(self, model):
+        variables = replica_consistency.compared_variables(model)
+        self.names = [replica_consistency.variable_name(v) for v in variables]
+        self.fingerprints = replica_consistency.variable_fingerprints(variables)
+        self.whole = replica_consistency.whole_fingerprint(self.fingerprints)
+
+    def to_json(self):
+        return {"whole": self.whole, "names": self.names, "fingerprints": self.fingerprints}
+
+
+def publish(path, saved: SavedWeights, written=None):
+    """The chief: record that `path` holds `saved`; `written`: the complete file about to be
+    renamed to `path` (its inode is recorded), or None once `path` itself is written."""
+    directory, name = _split(path)
+    entry = dict(saved.to_json(), inode=_inode(written) if written is not None else None)
+    records = _read_all(path)
+    records.pop(name, None)
+    records[name] = entry
+    text = json.dumps(dict(list(records.items())[-_KEPT:]))
+
+    def write(temporary):
+        with tf.io.gfile.GFile(temporary, "w") as f:
+            f.write(text)
+
+    if directory and not tf.io.gfile.exists(directory):
+        tf.io.gfile.makedirs(directory)
+    write_atomically(write, record_path(path))
+
+
+def _read_all(path):
+    try:
+        with tf.io.gfile.GFile(record_path(path), "r") as f:
+            records = json.loads(f.read())
+        return records if isinstance(records, dict) else {}
+    except (OSError, ValueError, tf.errors.OpError):
+        return {}  # not there yet, or being replaced
+
+
+def _read(path):
+    return _read_all(path).get(_split(path)[1])
+
+
+def _complete(path, record, saved):
+    """The record says `path` holds `saved`, and `path` is the file it describes."""
+    if record is None or record.get("whole") != saved.whole:
+        return False
+    inode = record.get("inode")
+    return inode is None or _inode(os.fspath(path).rstrip("/")) == inode
+
+
+def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: False):
+    """Return once the chief's record beside `path` holds `saved`; TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    pause = _FIRST_POLL_SECONDS
+    record = None
+    while True:
+        record = _read(path)
+        if _complete(path, record, saved):
+            return
+        if chief_gone():
+            raise TimeoutError(
+                f"tfdist rank {rank}: {what} waits for the chief (rank 0) to write "
+                f"{os.fspath(path)!r}, but the chief is gone.")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, _LONGEST_POLL_SECONDS)
+    if record is not None:
+        differing = replica_consistency.describe_differences(
+            saved.names, saved.fingerprints, record.get("fingerprints", []))
+        raise replica_consistency.ReplicasDiverged(
+            f"tfdist rank {rank}: {what}: the chief's save of {os.fspath(path)!r} holds other "
+            f"weights than this rank's ({differing} differ), and no save with this rank's "
+            f"came within the {timeout:g} s timeout. Either the ranks' weights differ, or the "
+            "chief does not make this save (call it on every rank, or on the chief only).")
+    raise TimeoutError(
+        f"tfdist rank {rank}: {what} waited {timeout:g} s for the chief (rank 0) to write "
+        f"{os.fspath(path)!r}, which it has not. Call a save on every rank (keras.io's way) or "
+        "on the chief only (Horovod's: `if rank == 0: model.save(path)`); a rank that calls it "
+        "waits for the chief's file, so the path must be on a file system the ranks share "
+        "- on machines that share none, save on the chief only.")
