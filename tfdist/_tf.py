@@ -35,7 +35,17 @@ broadcast_send_v2 = collective_ops.broadcast_send_v2
 broadcast_recv_v2 = collective_ops.broadcast_recv_v2
 # Called after every op this thread runs eagerly or adds to a graph (what tfdbg uses).
 add_op_callback = op_callbacks.add_op_callback
-remove_op_callback = op_callbacks.remove_op_callback
+
+
+def remove_op_callback(callback):
+    """Remove this thread's op `callback`, leaving eager ops' slow path calling callbacks.
+
+    TensorFlow's own `remove_op_callback` switches that path back process-wide
+    once the calling thread has no callback left, so another thread's
+    callbacks (ranks simulated as threads) would miss ops; running the empty
+    list of a thread without callbacks costs nothing measurable.
+    """
+    context.context().remove_op_callback(callback)
 
 
 def has_gradient(op):

@@ -222,8 +222,8 @@ def case_saves_on_rank_zero(strategy):
     with strategy.scope():
         copy = keras.models.clone_model(model)
     copy.load_weights(os.path.join(directory, "final.weights.h5"))
-    served = tf.saved_model.load(os.path.join(directory, "exported")).serve(
-        tf.constant(x)).numpy()
+    exported = tf.saved_model.load(os.path.join(directory, "exported"))  # held: its variables
+    served = exported.serve(tf.constant(x)).numpy()
     return results(model, history, evaluation, model.predict(x, verbose=0),
                    loaded=loaded.predict(x, verbose=0), first=first.predict(x, verbose=0),
                    copy=copy.predict(x, verbose=0), served=served)

@@ -43,7 +43,10 @@ The same lineage finds the denominator of a hand-written mean over the
 batch, a scalar loss computed as `ops.sum(loss * mask) / ops.sum(mask)`
 (keras.io's per-token NER loss, a `compute_loss` override, a custom step's
 own ratio): a ratio of two values that both read the batch
-(`ratio_denominator`), whose global value is the ratio of the sums.
+(`ratio_denominator`), whose global value is the ratio of the sums. A
+denominator may guard its sum with a constant, `max(sum(w), 1)` or
+`sum(m) + 1e-8`: one process applies the guard to the global sum, so the
+`RatioDenominator` says which sum and which guard.
 
 Cost: traced, one walk over the ancestors of the tensor, once per trace;
 eager, one Python call per op of the step and one weak reference per
@@ -51,7 +54,9 @@ batch-derived tensor while it lives.
 """
 
 import contextlib
+import dataclasses
 import weakref
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -59,6 +64,8 @@ from tfdist import _tf
 
 _DIVISIONS = ("RealDiv", "DivNoNan", "Div", "TrueDiv")
 _PASS_THROUGH = ("Identity", "Cast")
+# Ops a denominator may apply to its batch sum with a constant: max(sum(w), 1), sum(m) + eps.
+_WITH_A_CONSTANT = {"Maximum": tf.maximum, "AddV2": tf.add, "Add": tf.add}
 _UNIQUE = ("Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2")
 _SAME_ELEMENTS = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims")
 
@@ -67,6 +74,21 @@ def components(inputs):
     """The tensors of a step's inputs, composites (sparse, ragged) expanded, nests flattened."""
     return [t for t in tf.nest.flatten(inputs, expand_composites=True)
             if isinstance(t, tf.Tensor)]
+
+
+@dataclasses.dataclass
+class RatioDenominator:
+    """The denominator D_r = f(T_r) of a hand-written ratio on this rank's slice.
+
+    Attributes:
+        local: D_r, as the step computed it.
+        inner: T_r, the batch sum inside it (D_r itself when there is no guard).
+        outer: f, applied to a float32 global sum of `inner`: one process's D.
+    """
+
+    local: Any
+    inner: Any
+    outer: Callable[[Any], Any]
 
 
 class BatchLineage:
@@ -109,7 +131,8 @@ class BatchLineage:
         return indices.op.type in _UNIQUE and indices.value_index == 0
 
     def ratio_denominator(self, tensor):
-        """The denominator of a scalar `tensor` computed as a ratio of two batch values, or None.
+        """The `RatioDenominator` of a scalar `tensor` computed as a ratio of two batch values,
+        or None.
 
         `sum(loss * mask) / sum(mask)` over one process's batch is a ratio of
         sums; on P processes its value is the ratio of the sums over all
@@ -127,9 +150,28 @@ class BatchLineage:
         numerator, denominator = node[1][0], node[1][1]
         if denominator.shape.rank != 0:
             return None
-        if self.reads_batch(numerator) and self.reads_batch(denominator):
-            return denominator
-        return None
+        if not (self.reads_batch(numerator) and self.reads_batch(denominator)):
+            return None
+        inner, guards = denominator, []
+        node = self._producer(inner)
+        while node is not None and (node[0] in _PASS_THROUGH or node[0] in _WITH_A_CONSTANT):
+            if node[0] in _PASS_THROUGH:
+                inner = node[1][0]
+            else:
+                reading = [t for t in node[1] if self.reads_batch(t)]
+                constants = [t for t in node[1] if not self.reads_batch(t)]
+                if len(reading) != 1 or len(constants) != 1 or constants[0].shape.rank != 0:
+                    break
+                guards.append((_WITH_A_CONSTANT[node[0]], constants[0]))
+                inner = reading[0]
+            node = self._producer(inner)
+
+        def outer(total):
+            for guard, constant in reversed(guards):
+                total = guard(total, tf.cast(constant, total.dtype))
+            return total
+
+        return RatioDenominator(denominator, inner, outer)
 
     def _producer(self, tensor):
         """(op type, inputs) of the op that made `tensor`, or None (eager: scalars only)."""
@@ -161,7 +203,8 @@ class BatchLineage:
         if graph is not None or not outputs:
             return None  # an op added to a graph (a function being traced): not run here
         op_type = op_type.decode() if isinstance(op_type, bytes) else op_type
-        if (op_type in _DIVISIONS or op_type in _PASS_THROUGH) and outputs[0].shape.rank == 0:
+        if ((op_type in _DIVISIONS or op_type in _PASS_THROUGH or op_type in _WITH_A_CONSTANT)
+                and outputs[0].shape.rank == 0):
             scalars = [t for t in inputs if t.shape.rank == 0]
             if len(scalars) == len(inputs):
                 self._remember(self._ratios, outputs[0], op_type, list(inputs))
@@ -199,8 +242,14 @@ class BatchLineage:
     def _remember(table, tensor, *details):
         """`table[id(tensor)]` = a weak reference (and `details`), dropped when it is freed."""
         key = id(tensor)
+
+        def forget(reference):
+            entry = table.get(key)
+            if entry is reference or (isinstance(entry, tuple) and entry[0] is reference):
+                del table[key]  # not a later tensor's entry under a reused id
+
         try:
-            reference = weakref.ref(tensor, lambda _, key=key: table.pop(key, None))
+            reference = weakref.ref(tensor, forget)
         except TypeError:
             return
         table[key] = (reference, *details) if details else reference

@@ -81,7 +81,8 @@ class ReplicaStep(RowAccounting):
             denominator = self.lineage.ratio_denominator(value)
             if denominator is not None:
                 factor = tf.stop_gradient(self.weight_for_global_denominator(
-                    tf.ones([], tf.float32), denominator))
+                    tf.ones([], tf.float32), denominator.local, denominator.inner,
+                    denominator.outer))
         self._ratio_factors[id(value)] = (value, factor)
         return factor
 

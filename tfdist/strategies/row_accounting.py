@@ -98,7 +98,7 @@ class RowAccounting:
         self._remember_global_rows(summed[1])
         return summed[0]
 
-    def weight_for_global_denominator(self, term, local_denominator):
+    def weight_for_global_denominator(self, term, local_denominator, inner=None, outer=None):
         """A loss term over this slice, rescaled so that share weighting makes it exact.
 
         Keras reduces a loss term over a slice as S_r / D_r, and one process
@@ -111,6 +111,10 @@ class RowAccounting:
         (the gradients, the loss tracker); so the term is returned times
         (D_r / D) (n / n_r), whose share-weighted sum over ranks is S / D.
 
+        A denominator written as f(T_r), a guard around a batch sum (`max(T_r,
+        1)`: `batch_dependence.RatioDenominator`), is global as f(sum_r T_r):
+        `inner` is T_r and `outer` is f.
+
         Cost: one small all-reduce before the backward pass per such term
         (`sum_with_rows`); for a sum, the global row count only.
         """
@@ -119,7 +123,11 @@ class RowAccounting:
             factor = tf.math.divide_no_nan(self.global_rows, rows)
         else:
             local = self.counted_if_rows(tf.cast(local_denominator, tf.float32))
-            total = self.sum_with_rows(local)
+            if inner is None:
+                total = self.sum_with_rows(local)
+            else:
+                total = outer(self.sum_with_rows(
+                    self.counted_if_rows(tf.cast(inner, tf.float32))))
             factor = tf.math.divide_no_nan(local, total) * tf.math.divide_no_nan(
                 self.global_rows, rows)
         return term * tf.cast(factor, term.dtype)

@@ -76,7 +76,8 @@ def _install_global_loss_denominators():
             denominator = step.lineage.ratio_denominator(values)
             if denominator is None or sample_weight is not None or mask is not None:
                 return loss
-            return step.weight_for_global_denominator(loss, denominator)
+            return step.weight_for_global_denominator(loss, denominator.local, denominator.inner,
+                                                      denominator.outer)
         if reduction in (None, "none") or len(loss.shape) != 0:
             return loss  # no reduction: the caller reduces (and is weighted by rows)
         if reduction == "sum":
