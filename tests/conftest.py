@@ -48,12 +48,13 @@ def _without_strategy(options):
 # `make test-fast` (pytest -m in_process), which `make test` runs first.
 IN_PROCESS_FILES = {
     "test_aggregators_in_process.py", "test_async_store_in_process.py",
+    "test_batch_dependence_in_process.py",
     "test_checkpoints_in_process.py", "test_cluster.py", "test_gpu_placement.py",
     "test_keras_in_process.py", "test_simulation_in_process.py",
     "test_cost_model_units.py", "test_cpu_share.py", "test_engine_choice.py",
     "test_env_vars.py", "test_lars.py", "test_lr_callbacks.py",
     "test_profiling_in_process.py", "test_quiet_output.py", "test_recommend.py",
-    "test_resume_in_process.py",
+    "test_resume_in_process.py", "test_saving_in_process.py",
     "test_step_in_process.py", "test_structure.py", "test_units.py",
 }
 

@@ -15,7 +15,15 @@ horovodrun is the Horovod job of 2 processes.
 REAL_WORLD_IN_PROCESS = (
     "guide_custom_loop", "multi_worker_custom_loop", "sync_batchnorm", "layer_state_aggregations",
     "evaluate_then_load_weights", "custom_loop_checkpoint", "ner_custom_loss", "added_losses",
-    "fit_per_rank_pipeline", "slices_that_retrace_on_some_ranks")
+    "fit_per_rank_pipeline", "slices_that_retrace_on_some_ranks", "eager_embedding",
+    "hand_written_ratio", "saves_on_rank_zero", "schedule_free", "sparse_inputs")
+# ... of which these run as processes in make test too: saving on rank 0 only (Horovod's
+# convention) on real engines and file systems.
+REAL_WORLD_IN_BOTH = ("saves_on_rank_zero",)
+# real_world_conventions.py cases the in-process tier also runs on the other aggregator at
+# another size (each class of issue 48 on ring and tree, at 2 and 3 ranks).
+REAL_WORLD_CONVENTIONS = ("eager_embedding", "hand_written_ratio", "schedule_free",
+                          "sparse_inputs")
 # real_world.py cases simulated ranks cannot run as processes do: they draw from TensorFlow's
 # process-wide random state, or compare with a reference computed in P slices.
 REAL_WORLD_PROCESSES_ONLY = ("seeded_before_strategy", "reshuffled_dataset",

@@ -39,6 +39,11 @@ each index once, its values summed. `looked_up_once` finds such indices
 (a `Unique` op's first output, reshaped or cast at most); their pairs
 gathered from the ranks are summed per index the same way.
 
+A denominator counts only when it reads the batch's values (`sum(mask)`,
+`count_nonzero(w)`): one computed from sizes alone (`tf.size(losses)`, the
+element count Keras' own means divide by) is proportional to the rows, which
+the step's share weighting already makes exact.
+
 The same lineage finds the denominator of a hand-written mean over the
 batch, a scalar loss computed as `ops.sum(loss * mask) / ops.sum(mask)`
 (keras.io's per-token NER loss, a `compute_loss` override, a custom step's
@@ -67,6 +72,8 @@ _PASS_THROUGH = ("Identity", "Cast")
 # Ops a denominator may apply to its batch sum with a constant: max(sum(w), 1), sum(m) + eps.
 _WITH_A_CONSTANT = {"Maximum": tf.maximum, "AddV2": tf.add, "Add": tf.add}
 _UNIQUE = ("Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2")
+_SIZES = ("Shape", "ShapeN", "Size", "Rank")  # read a tensor's sizes, not its values
+_VALUES, _SIZES_ONLY = "values", "sizes"  # what of the batch an eager tensor is computed from
 _SAME_ELEMENTS = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims")
 
 
@@ -101,7 +108,7 @@ class BatchLineage:
     def __init__(self, inputs=()):
         tensors = components(inputs)
         self._graph_sources = {t.op for t in tensors if not _is_eager(t)}
-        self._marked = {}  # id(eager tensor) -> weak reference (batch-derived)
+        self._marked = {}  # id(eager tensor) -> (weak reference, _VALUES or _SIZES_ONLY)
         self._shapes = {}  # id(eager Shape output) -> (weak reference, rank of its input)
         self._ratios = {}  # id(eager scalar) -> (weak reference, op type, input scalars)
         self._unique = {}  # id(eager tensor) -> weak reference (a Unique op's first output)
@@ -113,11 +120,21 @@ class BatchLineage:
     def reads_batch(self, tensor):
         """True if `tensor` is computed from the inputs (other than their non-batch sizes)."""
         if _is_eager(tensor):
-            return self._is_marked(tensor)
+            return self._mark_of(tensor) is not None
+        return self._graph_reads(tensor, _is_non_batch_dimension)
+
+    def reads_batch_values(self, tensor):
+        """True if `tensor` is computed from the inputs' values, not only from their sizes."""
+        if _is_eager(tensor):
+            return self._mark_of(tensor) == _VALUES
+        return self._graph_reads(tensor, lambda op: op.type in _SIZES
+                                 or _is_non_batch_dimension(op))
+
+    def _graph_reads(self, tensor, skip):
         sources = self._graph_sources
         if not sources or not hasattr(tensor, "op"):
             return bool(sources)
-        return _tf.has_ancestor(tensor, lambda op: op in sources, skip=_is_non_batch_dimension)
+        return _tf.has_ancestor(tensor, lambda op: op in sources, skip=skip)
 
     def looked_up_once(self, indices):
         """True if `indices` are a `Unique` op's first output (reshaped or cast at most)."""
@@ -150,7 +167,7 @@ class BatchLineage:
         numerator, denominator = node[1][0], node[1][1]
         if denominator.shape.rank != 0:
             return None
-        if not (self.reads_batch(numerator) and self.reads_batch(denominator)):
+        if not (self.reads_batch(numerator) and self.reads_batch_values(denominator)):
             return None
         inner, guards = denominator, []
         node = self._producer(inner)
@@ -211,14 +228,16 @@ class BatchLineage:
         if op_type in _UNIQUE or (op_type in _SAME_ELEMENTS and inputs
                                   and self.looked_up_once(inputs[0])):
             self._remember(self._unique, outputs[0])
-        if not any(self._is_marked(t) for t in inputs):
+        marks = [self._mark_of(t) for t in inputs]
+        if not any(marks):
             return None
         if op_type == "Shape":
             self._remember(self._shapes, outputs[0], inputs[0].shape.rank)
         if op_type == "StridedSlice" and self._is_non_batch_size(inputs, attrs):
             return None
+        kind = _VALUES if _VALUES in marks and op_type not in _SIZES else _SIZES_ONLY
         for output in outputs:
-            self._mark(output)
+            self._mark(output, kind)
         return None
 
     def _is_non_batch_size(self, inputs, attrs):
@@ -230,13 +249,15 @@ class BatchLineage:
         begin = inputs[1].numpy().reshape(-1)
         return _is_other_dimension(begin, shrink, entry[1])
 
-    def _mark(self, tensor):
-        self._remember(self._marked, tensor)
+    def _mark(self, tensor, kind=_VALUES):
+        self._remember(self._marked, tensor, kind)
 
-    def _is_marked(self, tensor):
+    def _mark_of(self, tensor):
+        """_VALUES or _SIZES_ONLY for an eager tensor computed from the batch, else None."""
         entry = self._marked.get(id(tensor))
-        reference = entry[0] if isinstance(entry, tuple) else entry
-        return reference is not None and reference() is tensor
+        if entry is None or entry[0]() is not tensor:
+            return None
+        return entry[1]
 
     @staticmethod
     def _remember(table, tensor, *details):

@@ -17,8 +17,8 @@ record holds them and `path` is that inode (`wait_for`): the chief's file
 with these weights is complete, so a load right after reads it. A rank that
 calls no save waits for nothing.
 
-The record is written before the rename so that the checkpoint, not the
-record, is the newest entry of its directory (keras.io's scripts resume from
+The record is written before the rename, and the file touched after it, so
+that the checkpoint, not the record, is the newest entry of its directory (keras.io's scripts resume from
 `max(os.listdir(dir), key=os.path.getctime)`); it keeps the latest
 `_KEPT` saves of the directory, one hidden file per directory. Where the file
 cannot be renamed into place (a remote file system), the record follows the
@@ -120,6 +120,20 @@ def publish(path, saved: SavedWeights, written=None):
     if directory and not tf.io.gfile.exists(directory):
         tf.io.gfile.makedirs(directory)
     write_atomically(write, record_path(path))
+    if written is not None:
+        _newer_than(written, record_path(path))
+
+
+def _newer_than(path, other):
+    """Touch `path` until its change time is after `other`'s (file systems stamp times with
+    a clock of a few milliseconds' resolution: one touch may give the same time)."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        os.utime(path)
+        if (os.stat(path).st_ctime_ns > os.stat(other).st_ctime_ns
+                or time.monotonic() > deadline):
+            return
+        time.sleep(0.001)
 
 
 def _read_all(path):
