@@ -101,6 +101,7 @@ def test_real_world_script_trains_like_the_plain_script(name, kind, world, tmp_p
 OTHER_CONFIGURATION = {"ring": ("tree", 3), "tree": ("ring", 2)}
 
 
+@pytest.mark.slow  # make test: each once above (ring or tree, 2-5 ranks) and as processes
 @pytest.mark.parametrize("name", REAL_WORLD_CONVENTIONS)
 def test_conventions_train_like_the_plain_script_on_the_other_aggregator(name, tmp_path):
     """Eager debugging, sparse inputs, hand-written ratios, ScheduleFreeAdamW: each also on

@@ -18,10 +18,12 @@ REAL_WORLD_IN_PROCESS = (
     "fit_per_rank_pipeline", "slices_that_retrace_on_some_ranks", "eager_embedding",
     "hand_written_ratio", "saves_on_rank_zero", "schedule_free", "sparse_inputs")
 # ... of which these run as processes in make test too: saving on rank 0 only (Horovod's
-# convention) on real engines and file systems.
-REAL_WORLD_IN_BOTH = ("saves_on_rank_zero",)
+# convention) on real engines and file systems, and real_world_conventions.py's other cases.
+REAL_WORLD_IN_BOTH = ("saves_on_rank_zero", "eager_embedding", "sparse_inputs",
+                      "hand_written_ratio", "schedule_free")
 # real_world_conventions.py cases the in-process tier also runs on the other aggregator at
-# another size (each class of issue 48 on ring and tree, at 2 and 3 ranks).
+# another size in make test-all (each class on ring and tree, at 2 and 3 ranks); make test
+# runs them once in-process and once as 3 processes on the ring.
 REAL_WORLD_CONVENTIONS = ("eager_embedding", "hand_written_ratio", "schedule_free",
                           "sparse_inputs")
 # real_world.py cases simulated ranks cannot run as processes do: they draw from TensorFlow's

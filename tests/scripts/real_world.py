@@ -991,9 +991,10 @@ def case_mixed_float16_regression(strategy):
 
 
 import real_world_conventions  # noqa: E402  pylint: disable=wrong-import-position
-from real_world_conventions import (  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
-    case_eager_embedding, case_hand_written_ratio, case_saves_on_rank_zero, case_schedule_free,
-    case_sparse_inputs)
+# In this order: the in-process tier's cycle gives each its (strategy, ranks) by position.
+from real_world_conventions import (  # noqa: E402,F401,I001  pylint: disable=wrong-import-position,unused-import
+    case_eager_embedding, case_schedule_free, case_sparse_inputs, case_hand_written_ratio,
+    case_saves_on_rank_zero)
 
 real_world_conventions.WORKDIR = WORKDIR  # one list: --workdir and the tests set both
 CASES = cases_of(globals())
