@@ -4,7 +4,7 @@
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
                                       # anatomy, overlap, anchor, engines, engine_step, peer,
-                                      # emulated, compression_training
+                                      # emulated, compression_training, consistency
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
     tfdist-bench --only compression_training
@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from benchmarks import (anatomy_report, anchor_report, async_report, compression_training,
+                        consistency_costs,
                         emulated_cluster, engine_curves, engine_step, keras_patterns_report,
                         large_batch,
                         overlap_report, peer_report, profiling_report)
@@ -223,7 +224,8 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,
          "overlap": overlap_report.run, "anchor": anchor_report.run,
          "emulated": emulated_cluster.run, "compression_training": compression_training.run,
-         "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run}
+         "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run,
+         "consistency": lambda tmp: consistency_costs.main([])}
 # Need root and network namespaces, and take long: only when named.
 NOT_BY_DEFAULT = ("emulated", "compression_training")
 

@@ -88,6 +88,26 @@ def test_a_save_on_every_rank_returns_once_the_chiefs_file_is_there(tmp_path):
     assert os.path.basename(max(entries, key=os.path.getctime)) == "ckpt-1.keras"
 
 
+def test_ranks_saving_to_paths_of_their_own_wait_for_the_chiefs_save(tmp_path):
+    """MultiWorkerMirroredStrategy's guide: the chief saves to the model's path, the others
+    to temporary paths they then delete; every rank then loads the chief's file."""
+    def run(rank):
+        strategy = tfdist.strategies.RingAllReduceStrategy()
+        model = small_model(strategy)
+        x, y = data()
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model_path = str(tmp_path / "model.keras")
+        own = model_path if rank == 0 else str(tmp_path / f"workertemp_{rank}" / "model.keras")
+        model.save(own)
+        if rank != 0:
+            assert not os.path.exists(own)  # the chief writes
+        loaded = keras.models.load_model(model_path)
+        return all(np.array_equal(a, b) for a, b in zip(loaded.get_weights(),
+                                                        model.get_weights()))
+
+    assert simulate_processes(3, run, timeout=30) == [True, True, True]
+
+
 def test_a_save_the_chief_never_makes_fails_clearly_on_the_rank_waiting_for_it(tmp_path):
     def run(rank):
         strategy = tfdist.strategies.RingAllReduceStrategy()

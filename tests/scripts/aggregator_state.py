@@ -74,8 +74,6 @@ def run(out, mode):
         if mode == "load_weights":
             model.optimizer.build(model.trainable_variables)
             model.load_weights(weights)
-        if mode == "train":  # built before fit (else in its first step), to read its state
-            model.optimizer.build(model.trainable_variables)
     if mode == "train":
         rng = np.random.default_rng(0)
         x = rng.normal(size=(96, 6)).astype("float32")

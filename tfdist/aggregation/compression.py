@@ -82,12 +82,7 @@ class Compressor(abc.ABC):
 
     def build(self, optimizer: Any, variables: Sequence[tf.Variable]) -> None:
         """Create state for the gradients of `variables` as `optimizer`'s variables
-        (`Aggregator.build`: saved, restored and broadcast with them); none by default.
-
-        Called when the optimizer is built: as in Keras, inside the first
-        training step being traced, unless the script built it before
-        (`optimizer.build`, a resume). Values are read eagerly under
-        `tf.init_scope()`."""
+        (`Aggregator.build`: saved, restored and broadcast with them); none by default."""
         del optimizer, variables
 
     def runs_on(self, algorithm: str) -> bool:

@@ -42,7 +42,7 @@ from tfdist.aggregation.single_process import SingleProcessAggregator
 from tfdist.errors import ClusterError
 from tfdist.profiling.counters import CommunicationCounters
 from tfdist.profiling.names import communication_scope
-from tfdist.strategies import average_loss, call_arguments, rank_state
+from tfdist.strategies import average_loss, call_arguments, rank_state, save_records
 from tfdist.strategies import keras_patches
 from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
 from tfdist.strategies import empty_slice, replica_step, step_plan
@@ -78,6 +78,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     communication_counters: CommunicationCounters  # set in __init__
     agreed_flags: AgreedFlags  # set in __init__
     preemption: PreemptionNotice  # set in __init__
+    save_log: "save_records.JobSaveLog | None"  # set in __init__ and by the strategy
 
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
         self._cluster = runtime.cluster()
@@ -108,6 +109,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self._any_rank_functions = {}  # number of flags -> compiled exchange
         self.agreed_flags = AgreedFlags(self._cluster.world_size, self._cluster.rank)
+        self.save_log = None  # the job's log of the chief's saves (several processes)
         self.preemption = PreemptionNotice(self.agreed_flags, self._cluster.rank,
                                            self._cluster.timeout)
 
@@ -572,6 +574,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
             average_loss.install(lambda step: step.scaled_by_user)
             # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
             align_random_state(extended.communicator)
+            extended.save_log = save_records.JobSaveLog.agreed(extended.communicator)
         chief_log.info(
             self.is_chief,
             "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",

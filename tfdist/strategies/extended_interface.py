@@ -38,6 +38,10 @@ class StrategyExtended(Protocol):
     """`tfdist.strategies.agreed_flags.AgreedFlags`: flags (a preemption notice) that every
     rank sees after the same training step."""
 
+    save_log: Optional[Any]
+    """`tfdist.strategies.save_records.JobSaveLog`: the chief's completed saves, for ranks
+    saving to paths of their own; None for one process."""
+
     preemption: "PreemptionNotice"
     """`tfdist.strategies.preemption.PreemptionNotice` of this rank."""
 

@@ -17,6 +17,13 @@ record holds them and `path` is that inode (`wait_for`): the chief's file
 with these weights is complete, so a load right after reads it. A rank that
 calls no save waits for nothing.
 
+Ranks may also save to paths of their own (MultiWorkerMirroredStrategy's
+guide: the chief to the model's path, the others to temporary ones they
+delete): the chief's save is then found through the job's log of completed
+saves (`JobSaveLog`, in the temporary directory of the chief's host), which a
+rank on the chief's host reads; a rank on another host that sees no record
+beside its path within a short grace returns without waiting.
+
 The record is written before the rename, and the file touched after it, so
 that the checkpoint, not the record, is the newest entry of its directory (keras.io's scripts resume from
 `max(os.listdir(dir), key=os.path.getctime)`); it keeps the latest
@@ -38,16 +45,22 @@ record (every 20-200 ms) until the chief's file is there.
 import contextlib
 import json
 import os
+import random
+import socket
+import tempfile
 import threading
 import time
+import zlib
 
 import tensorflow as tf
+from absl import logging
 
 from tfdist.strategies import replica_consistency
 from tfdist.strategies.checkpoint_files import write_atomically
 
 _FIRST_POLL_SECONDS = 0.02
 _LONGEST_POLL_SECONDS = 0.2
+_GRACE_SECONDS = 10.0  # from another host: how long a record beside the path may take to appear
 
 
 _KEPT = 64  # saves remembered per directory
@@ -157,14 +170,68 @@ def _complete(path, record, saved):
     return inode is None or _inode(os.fspath(path).rstrip("/")) == inode
 
 
-def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: False):
-    """Return once the chief's record beside `path` holds `saved`; TimeoutError otherwise."""
-    deadline = time.monotonic() + timeout
+class JobSaveLog:
+    """The chief's completed saves of one job, on the chief's host (the fingerprints of the
+    latest `_KEPT`), so that a rank saving to a path of its own finds the chief's.
+
+    Args:
+        key: the job's key, the same on every rank (`agreed`).
+        chief_here: this rank runs on the chief's host (it can read the log).
+    """
+
+    def __init__(self, key, chief_here):
+        self.path = os.path.join(tempfile.gettempdir(), f"tfdist-saves-{key}.json")
+        self.chief_here = chief_here
+
+    @classmethod
+    def agreed(cls, communicator):
+        """One broadcast from the chief: a random job key and the chief's host name's hash."""
+        host = zlib.crc32(socket.gethostname().encode())
+        mine = tf.constant([random.SystemRandom().randrange(2**62), host], tf.int64)
+        key, chief_host = communicator.broadcast(mine).numpy().tolist()
+        return cls(key, chief_host == host)
+
+    def completed(self, saved: SavedWeights):
+        """The chief: a save with `saved` is complete."""
+        wholes = (self._wholes() + [saved.whole])[-_KEPT:]
+
+        def write(temporary):
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(wholes, f)
+
+        write_atomically(write, self.path)
+
+    def holds(self, saved: SavedWeights):
+        return self.chief_here and saved.whole in self._wholes()
+
+    def _wholes(self):
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                wholes = json.load(f)
+            return wholes if isinstance(wholes, list) else []
+        except (OSError, ValueError):
+            return []
+
+
+def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: False,
+             log=None):
+    """Return once the chief has saved `saved` - beside `path`, or anywhere on the job's
+    `log` -, or, from another host than the chief's, when nothing beside `path` shows
+    the chief's saves within a short grace; TimeoutError otherwise."""
+    started = time.monotonic()
+    deadline = started + timeout
+    grace = started + min(_GRACE_SECONDS, timeout)
     pause = _FIRST_POLL_SECONDS
     record = None
     while True:
         record = _read(path)
-        if _complete(path, record, saved):
+        if _complete(path, record, saved) or (log is not None and log.holds(saved)):
+            return
+        if ((log is None or not log.chief_here) and time.monotonic() > grace
+                and not tf.io.gfile.exists(record_path(path))):
+            logging.log_first_n(
+                logging.INFO, "tfdist: rank %d: %s: no save of the chief's is seen from this "
+                "host beside %s; not waiting for it", 1, rank, what, os.fspath(path))
             return
         if chief_gone():
             raise TimeoutError(

@@ -51,30 +51,75 @@ def _install_build_without_peeking():
             return maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
         spec = tf.nest.map_structure(
             lambda s: None if isinstance(s, tf.OptionalSpec) else s, dataset.element_spec)
-        with self.distribute_strategy.scope(), _optimizer_left_unbuilt(self):
-            try:
-                self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
-            except RuntimeError as error:
-                # A model Keras cannot build symbolically (keras.io's GAN has no `call`):
-                # built when its step is traced, as Keras does without a strategy.
-                logging.log_first_n(logging.INFO, "tfdist: %s is built when its step is traced "
-                                    "(%s)", 1, self.name, str(error).split(".")[0])
+        with self.distribute_strategy.scope():
+            with _optimizer_left_unbuilt(self):
+                try:
+                    self._symbolic_build(data_batch=spec)  # pylint: disable=protected-access
+                except RuntimeError as error:
+                    # A model Keras cannot build symbolically (keras.io's GAN has no `call`):
+                    # built when its step is traced, as Keras does without a strategy.
+                    logging.log_first_n(logging.INFO, "tfdist: %s is built when its step is "
+                                        "traced (%s)", 1, self.name, str(error).split(".")[0])
+                    return
+            if getattr(iterator, "_tfdist_fit_iterator", False):
+                _build_optimizer_as_in_a_step(self)
 
     trainer._maybe_symbolic_build = build_from_spec  # pylint: disable=protected-access
+
+
+def _build_optimizer_as_in_a_step(model):
+    """`fit`: build the optimizer now, as one process does in its first step.
+
+    One process (no strategy: no symbolic build) builds it while tracing its
+    first training step: the variables are created and initialized, while
+    the assignments `build` makes besides (`ScheduleFreeAdamW` copies the
+    weights into its state) stay in a trace TensorFlow uses only to create
+    variables, and never run; under `run_eagerly` its first step runs them.
+    Built here, eagerly, with the optimizer's own assignments dropped in the
+    traced case, the state is the same and the step is traced once (a
+    function that creates variables is traced twice).
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or optimizer.built or not model.trainable_variables:
+        return
+    variables = list(model.trainable_variables)
+    if model.run_eagerly:
+        optimizer.build(variables)
+        return
+    with _assignments_dropped(optimizer):
+        optimizer.build(variables)
+
+
+@contextlib.contextmanager
+def _assignments_dropped(optimizer):
+    """Inside, `optimizer.assign` / `assign_add` / `assign_sub` (and those of the optimizers
+    it wraps) do nothing."""
+    optimizers = []
+    while optimizer is not None:
+        optimizers.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    for each in optimizers:
+        for name in ("assign", "assign_add", "assign_sub"):
+            setattr(each, name, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for each in optimizers:
+            for name in ("assign", "assign_add", "assign_sub"):
+                delattr(each, name)
 
 
 @contextlib.contextmanager
 def _optimizer_left_unbuilt(model):
     """Keras' symbolic build also builds the optimizer; inside, it does not.
 
-    One process (no strategy: no symbolic build) builds the optimizer when
-    its first training step is traced, from inside that step: what `build`
-    runs besides creating variables (`ScheduleFreeAdamW` copies the weights
-    into its state) is then part of the traced step. Built earlier, eagerly,
-    it would run once instead, and train differently; an `evaluate` before
-    any `fit` must leave it unbuilt too, or a `load_weights` then restores
-    optimizer state one process would not. A resume builds it before it
-    restores the backup (`backup_state`).
+    An optimizer whose `build` does more than create variables
+    (`ScheduleFreeAdamW` copies the weights into its state) must start from
+    the state one process's does. `fit` builds it after the symbolic build
+    (`_build_optimizer_as_in_a_step`); an `evaluate` before any `fit` leaves it
+    unbuilt, or a `load_weights` then restores optimizer state one process
+    would not. A resume builds it before it restores the backup
+    (`backup_state`).
     """
     optimizer = getattr(model, "optimizer", None)
     hide = optimizer is not None and not optimizer.built

@@ -10,9 +10,9 @@ Both conventions of saving in a multi-process script work, after `fit`,
 inside callbacks and mid-fit (`save_records`):
 
 * every rank calls the save (keras.io's scripts, MultiWorkerMirroredStrategy's
-  habit): the chief writes; every other rank returns once the chief's file
-  with the same weights is complete, so a rank that loads the file right
-  after saving reads the new one;
+  habit, to the same path or to paths of their own): the chief writes; every
+  other rank returns once the chief's file with the same weights is complete,
+  so a rank that loads the file right after saving reads the new one;
 * only the chief calls it (Horovod's "save checkpoints only on worker 0",
   `if strategy.is_chief: model.save(...)`, a callback only rank 0 has): the
   chief writes and goes on; nobody waits for ranks that do not call.
@@ -61,14 +61,17 @@ def _on_the_chief(model, what, filepath, write):
     if path is None:
         return write(None)
     saved = save_records.SavedWeights(model)
-    return write(lambda written: save_records.publish(path, saved, written))
+    result = write(lambda written: save_records.publish(path, saved, written))
+    tfdist_strategy(model).extended.save_log.completed(saved)
+    return result
 
 
 def _wait_for_the_chief(model, what, path):
     strategy = tfdist_strategy(model)
     communicator = strategy.extended.communicator
     save_records.wait_for(path, save_records.SavedWeights(model), what, strategy.rank,
-                          communicator.timeout, lambda: 0 in communicator.gone_peers())
+                          communicator.timeout, lambda: 0 in communicator.gone_peers(),
+                          strategy.extended.save_log)
 
 
 def _export_atomically(export, model, filepath, *args, before_rename=None, **kwargs):
