@@ -19,10 +19,11 @@ calls no save waits for nothing.
 
 Ranks may also save to paths of their own (MultiWorkerMirroredStrategy's
 guide: the chief to the model's path, the others to temporary ones they
-delete): the chief's save is then found through the job's log of completed
-saves (`JobSaveLog`, in the temporary directory of the chief's host), which a
-rank on the chief's host reads; a rank on another host that sees no record
-beside its path within a short grace returns without waiting.
+delete): where the chief has recorded no save of a rank's path, the chief's
+save is found through the job's log of completed saves (`JobSaveLog`, in
+the temporary directory of the chief's host), which a rank on the chief's
+host reads; a rank on another host that sees no record beside its path
+within a short grace returns without waiting.
 
 The record is written before the rename, and the file touched after it, so
 that the checkpoint, not the record, is the newest entry of its directory (keras.io's scripts resume from
@@ -171,8 +172,14 @@ def _complete(path, record, saved):
 
 
 class JobSaveLog:
-    """The chief's completed saves of one job, on the chief's host (the fingerprints of the
-    latest `_KEPT`), so that a rank saving to a path of its own finds the chief's.
+    """The chief's completed saves of one job, on the chief's host (the latest `_KEPT`, each
+    with its number in the chief's sequence of saves), so that a rank saving to a path of
+    its own finds the chief's.
+
+    A rank's k-th save is matched with a save of the chief numbered k or later (the chief
+    makes every save the others make, and maybe more: a `ModelCheckpoint` only it runs)
+    that holds the same weights: an earlier save of the same weights (`save_weights`,
+    then `export`) is not taken for it.
 
     Args:
         key: the job's key, the same on every rank (`agreed`).
@@ -182,6 +189,7 @@ class JobSaveLog:
     def __init__(self, key, chief_here):
         self.path = os.path.join(tempfile.gettempdir(), f"tfdist-saves-{key}.json")
         self.chief_here = chief_here
+        self.saves = 0  # this rank's saves so far (the chief's: completed)
 
     @classmethod
     def agreed(cls, communicator):
@@ -193,40 +201,52 @@ class JobSaveLog:
 
     def completed(self, saved: SavedWeights):
         """The chief: a save with `saved` is complete."""
-        wholes = (self._wholes() + [saved.whole])[-_KEPT:]
+        self.saves += 1
+        entries = (self._entries() + [[self.saves, saved.whole]])[-_KEPT:]
 
         def write(temporary):
             with open(temporary, "w", encoding="utf-8") as f:
-                json.dump(wholes, f)
+                json.dump(entries, f)
 
         write_atomically(write, self.path)
 
-    def holds(self, saved: SavedWeights):
-        return self.chief_here and saved.whole in self._wholes()
+    def requested(self):
+        """Another rank: it makes its next save; the number to match."""
+        self.saves += 1
+        return self.saves
 
-    def _wholes(self):
+    def holds(self, saved: SavedWeights, number):
+        """The chief completed a save numbered `number` or later holding `saved`."""
+        return self.chief_here and any(
+            index >= number and whole == saved.whole for index, whole in self._entries())
+
+    def _entries(self):
         try:
             with open(self.path, encoding="utf-8") as f:
-                wholes = json.load(f)
-            return wholes if isinstance(wholes, list) else []
+                entries = json.load(f)
+            return entries if isinstance(entries, list) else []
         except (OSError, ValueError):
             return []
 
 
 def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: False,
              log=None):
-    """Return once the chief has saved `saved` - beside `path`, or anywhere on the job's
-    `log` -, or, from another host than the chief's, when nothing beside `path` shows
-    the chief's saves within a short grace; TimeoutError otherwise."""
+    """Return once the chief has saved `saved`: to `path`, where the chief has recorded a
+    save of it; else anywhere, by the job's `log` (`JobSaveLog`); from another host than
+    the chief's, where nothing beside `path` shows the chief's saves within a short grace,
+    at once. TimeoutError otherwise."""
     started = time.monotonic()
     deadline = started + timeout
     grace = started + min(_GRACE_SECONDS, timeout)
     pause = _FIRST_POLL_SECONDS
+    number = log.requested() if log is not None else None
     record = None
     while True:
         record = _read(path)
-        if _complete(path, record, saved) or (log is not None and log.holds(saved)):
+        if _complete(path, record, saved):
             return
+        if record is None and log is not None and log.holds(saved, number):
+            return  # the chief keeps no record of this path: its save is elsewhere
         if ((log is None or not log.chief_here) and time.monotonic() > grace
                 and not tf.io.gfile.exists(record_path(path))):
             logging.log_first_n(

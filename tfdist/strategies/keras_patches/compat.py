@@ -83,6 +83,9 @@ def _keras_changes():
             _parameters(BaseOptimizer.build)[:2] == ["self", "variables"]
             and _parameters(BaseOptimizer.add_variable_from_reference)[:3] == [
                 "self", "reference_variable", "name"]),
+        "BaseOptimizer.assign / assign_add / assign_sub(variable, value)": lambda: all(
+            _parameters(getattr(BaseOptimizer, name))[:3] == ["self", "variable", "value"]
+            for name in ("assign", "assign_add", "assign_sub")),
         "BaseOptimizer.scale_loss(loss)": lambda: (
             _parameters(BaseOptimizer.scale_loss) == ["self", "loss"]),
         "BaseOptimizer._learning_rate / _trainable_variables": lambda: (
