@@ -40,7 +40,10 @@ reference, nothing is serialized. Not an engine for training.
 
 import collections
 import itertools
+import os
+import sys
 import threading
+import traceback
 from typing import Any, Callable, List, Optional, Sequence, TypeVar
 
 import numpy as np
@@ -69,12 +72,16 @@ class _Meeting:
         self.results = {}   # round number -> result shared by every rank
         self.mailboxes = {}  # (sender, receiver, key) -> tensor
         self.failed = None  # (rank, exception) of the first rank that raised
+        self.threads = {}   # rank -> its thread (`simulate`), to say where a late peer is
 
-    def wait_for(self, ready, rank, what):
-        """Wait under the condition until `ready()`; SimulationError on failure or timeout."""
+    def wait_for(self, ready, rank, what, waiting_for=()):
+        """Wait under the condition until `ready()`; SimulationError on failure or timeout
+        (naming where each rank of `waiting_for` is)."""
         if not self.condition.wait_for(lambda: ready() or self.failed, self.timeout):
+            late = "".join(f"; rank {peer} is at {_where(self.threads.get(peer))}"
+                           for peer in (waiting_for() if callable(waiting_for) else waiting_for))
             raise SimulationError(f"simulated rank {rank}: {what} waited more than the "
-                                  f"{self.timeout:g} s timeout for its peers")
+                                  f"{self.timeout:g} s timeout for its peers{late}")
         if not ready() and self.failed:
             raise SimulationError(f"simulated rank {rank}: {what} cannot complete: rank "
                                   f"{self.failed[0]} failed ({_describe(self.failed[1])})")
@@ -93,7 +100,9 @@ class _Meeting:
                 self.results[number] = combine([contributions[r][1]
                                                 for r in range(self.world_size)])
                 self.condition.notify_all()
-            self.wait_for(lambda: number in self.results, rank, f"{kind} {_round_name(number)}")
+            self.wait_for(lambda: number in self.results, rank, f"{kind} {_round_name(number)}",
+                          waiting_for=lambda: [r for r in range(self.world_size)
+                                               if r not in contributions])
             return self.results[number]
 
     def post(self, sender, receiver, key, tensor):
@@ -104,7 +113,7 @@ class _Meeting:
     def take(self, sender, receiver, key):
         with self.condition:
             self.wait_for(lambda: (sender, receiver, key) in self.mailboxes, receiver,
-                          f"recv from rank {sender} with key {key}")
+                          f"recv from rank {sender} with key {key}", waiting_for=[sender])
             return self.mailboxes.pop((sender, receiver, key))
 
 
@@ -272,6 +281,7 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
 
     threads = [threading.Thread(target=run, args=(rank,), name=f"simulated-rank-{rank}",
                                 daemon=True) for rank in range(meeting.world_size)]
+    meeting.threads = dict(enumerate(threads))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -282,6 +292,18 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
     if any(thread.is_alive() for thread in threads):
         raise SimulationError(f"simulated ranks did not finish within {2 * meeting.timeout:g} s")
     return results
+
+
+def _where(thread, frames=4):
+    """The innermost `frames` Python frames of `thread` outside `threading` ("file:line in
+    function" each, innermost first)."""
+    frame = sys._current_frames().get(thread.ident) if thread is not None else None  # pylint: disable=protected-access
+    if frame is None:
+        return "no running thread"
+    stack = [f for f in traceback.extract_stack(frame)
+             if os.path.basename(f.filename) != "threading.py"][-frames:]
+    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+                       for f in reversed(stack))
 
 
 def as_numpy(results: Sequence[Any]) -> List[Any]:

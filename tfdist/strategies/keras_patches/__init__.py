@@ -37,19 +37,25 @@ when a tfdist learning-rate callback is created); importing tfdist patches
 nothing. Both are idempotent.
 """
 
+import threading
+
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
 from tfdist.strategies.keras_patches import (backup, callbacks, data, empty_slices, loop_flags,
                                              losses, metrics, optimizer, saving)
 
 _installed = False
+_install_lock = threading.Lock()  # simulated ranks (threads) create their strategies at once
 
 
 def install():
-    """Patch Keras where multi-process training differs from one process (once per process)."""
+    """Patch Keras where multi-process training differs from one process (once per process;
+    a thread calling it while another installs returns once every family is installed)."""
     global _installed
-    if _installed:
-        return
-    _installed = True  # `compat` checked this Keras when it was imported, above
-    for family in (losses, data, optimizer, metrics, loop_flags, callbacks, backup, saving,
-                   empty_slices):
-        family.install()
+    with _install_lock:
+        if _installed:
+            return
+        # `compat` checked this Keras when it was imported, above
+        for family in (losses, data, optimizer, metrics, loop_flags, callbacks, backup, saving,
+                       empty_slices):
+            family.install()
+        _installed = True
