@@ -16,7 +16,7 @@ LAYERS = [
     ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
      "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share",
      "tfdist.gpu_placement", "tfdist.engine_choice", "tfdist.env_vars", "tfdist.profiling",
-     "tfdist.profiling.names"),
+     "tfdist.profiling.names", "tfdist.versions"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.runtime", "tfdist.simulation"),
@@ -28,7 +28,7 @@ LAYERS = [
 
 # Modules that must import without TensorFlow (the launcher and the timeline's parsing use them).
 TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.engine_choice", "tfdist.env_vars", "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.profiling", "tfdist.profiling.names",
-                   "tfdist.profiling.timeline", "tfdist.launch.cli")
+                   "tfdist.profiling.timeline", "tfdist.launch.cli", "tfdist.versions")
 
 
 def _layer(module):
@@ -143,7 +143,7 @@ def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
 
     monkeypatch.setattr(BaseOptimizer, "scale_loss", scale_loss)
     monkeypatch.delattr(compat.GeneratorDataAdapter, "get_tf_dataset")
-    with pytest.raises(ImportError, match=r"Keras 3\.\d+\.\d+ is installed and has changed what "
+    with pytest.raises(ImportError, match=r"Keras 3\.\d+\.\S+ is installed and has changed what "
                        r"tfdist patches: BaseOptimizer\.scale_loss\(loss\); "
                        r"GeneratorDataAdapter\.get_tf_dataset"):
         compat.check_keras()

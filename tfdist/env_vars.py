@@ -184,6 +184,10 @@ PREEMPTION_SIGNAL = _declare(
     "PREEMPTION_SIGNAL", "signal name | none", "SIGTERM", YOU,
     "The signal that gives a preemption notice (backup at an agreed step, exit 42); `none` "
     "turns the notice off.", _BEHAVIOUR)
+ALLOW_UNTESTED_VERSIONS = _declare(
+    "ALLOW_UNTESTED_VERSIONS", "flag", "0", YOU,
+    "Warn instead of refusing a Keras or TensorFlow outside the supported range "
+    "(`tfdist.versions`); results are then not verified.", _BEHAVIOUR)
 
 # ------------------------------------------------------------------- installation
 _INSTALL = "Installation (make install)"

@@ -39,14 +39,13 @@ import weakref
 
 import keras
 from absl import logging
-from keras.src.backend.tensorflow.trainer import TFEpochIterator
-from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
-from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
 from tfdist.strategies.keras_patches.backup_state import BackupState, keeps_rank_state
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
 from tfdist.strategies.training_state import clear_pending, pending, set_pending
+from tfdist.strategies.keras_patches.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
+                                                              TFEpochIterator)
 
 _fit_iterators = threading.local()  # the epoch iterator of this thread's latest fit
 # Inputs made in Python: an epoch's order may come from Python's state as its batches are read

@@ -1,11 +1,13 @@
 """Which Keras tfdist supports, and a loud check of everything the patches rely on.
 
-Supported Keras versions: `SUPPORTED_KERAS` (also declared in
-`pyproject.toml`). At import, `check_keras()` verifies every symbol,
-signature and step structure the patches (this package) and the callbacks
-layer rely on and raises an ImportError naming the Keras version and what
-changed - a rename in Keras is a loud error, never silently per-rank logs.
-A version outside the range that passes the check only logs a warning.
+Supported Keras versions: `tfdist.versions.SUPPORTED` (also declared in
+`pyproject.toml`); a version outside the range is refused with an
+ImportError naming it. At import, `check_keras()` also verifies every
+symbol, signature and step structure the patches (this package) and the
+callbacks layer rely on, resolved by `keras_internals` under each supported
+version's names, and raises an ImportError naming the Keras version and what
+changed - a rename in Keras is a loud error, never an AttributeError in a
+patch nor silently per-rank logs.
 """
 
 import ast
@@ -13,21 +15,17 @@ import inspect
 import textwrap
 
 import keras
-from absl import logging
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
-from keras.src.backend.common import masking as keras_masking
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
-from keras.src.backend.tensorflow.trainer import TFEpochIterator
-from keras.src.losses import loss as keras_loss_module
-from keras.src.optimizers.base_optimizer import BaseOptimizer
-from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
-from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
+import tensorflow as tf
 
 from tfdist import __version__ as tfdist_version
+from tfdist import versions
+from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, BaseOptimizer,
+                                                              GeneratorDataAdapter,
+                                                              LossScaleOptimizer, TFEpochIterator,
+                                                              TFOptimizer)
 
-
-SUPPORTED_KERAS = ((3, 15), (3, 16))  # [lowest, highest) major.minor: pyproject's keras>=3.15,<3.16
+SUPPORTED_KERAS = versions.SUPPORTED["keras"]  # [lowest, highest) major.minor
 
 
 def _parameters(function):
@@ -57,22 +55,22 @@ def _nested_function_names(function):
 def _keras_changes():
     """What the patches rely on that this Keras does not have (empty: all is there)."""
     # pylint: disable=protected-access
-    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    trainer = keras_internals.Trainer
     backup = keras.callbacks.BackupAndRestore
     expectations = {
         "keras.src.losses.loss.(un)scale_loss_for_distribution": lambda: all(
-            hasattr(keras_loss_module, name)
+            hasattr(keras_internals.loss_module, name)
             for name in ("scale_loss_for_distribution", "unscale_loss_for_distribution")),
         "keras.src.losses.loss: Loss.__call__ reduces through reduce_weighted_values(values, "
         "sample_weight, mask, reduction, dtype), apply_mask, squeeze_or_expand_to_same_rank, "
         "standardize_reduction": lambda: (
-            "reduce_weighted_values" in _names_used(keras_loss_module.Loss.__call__)
-            and _parameters(keras_loss_module.reduce_weighted_values) == [
+            "reduce_weighted_values" in _names_used(keras_internals.loss_module.Loss.__call__)
+            and _parameters(keras_internals.loss_module.reduce_weighted_values) == [
                 "values", "sample_weight", "mask", "reduction", "dtype"]
-            and _parameters(keras_loss_module.apply_mask) == [
+            and _parameters(keras_internals.loss_module.apply_mask) == [
                 "sample_weight", "mask", "dtype", "reduction"]
-            and callable(keras_loss_module.squeeze_or_expand_to_same_rank)
-            and callable(keras_loss_module.standardize_reduction)),
+            and callable(keras_internals.loss_module.squeeze_or_expand_to_same_rank)
+            and callable(keras_internals.loss_module.standardize_reduction)),
         "BaseOptimizer.apply(grads, trainable_variables)": lambda: (
             _parameters(BaseOptimizer.apply)[:3] == ["self", "grads", "trainable_variables"]),
         "LossScaleOptimizer.apply(grads, trainable_variables)": lambda: (
@@ -96,8 +94,8 @@ def _keras_changes():
         "Layer.__call__(*args, **kwargs); keras.src.backend.common.masking.get_keras_mask / "
         "set_keras_mask": lambda: (
             _parameters(keras.layers.Layer.__call__) == ["self", "args", "kwargs"]
-            and _parameters(keras_masking.get_keras_mask) == ["x"]
-            and _parameters(keras_masking.set_keras_mask) == ["x", "mask"]),
+            and _parameters(keras_internals.masking.get_keras_mask) == ["x"]
+            and _parameters(keras_internals.masking.set_keras_mask) == ["x", "mask"]),
         "keras.metrics.Mean.update_state(values, sample_weight)": lambda: (
             _parameters(keras.metrics.Mean.update_state)[:3] == ["self", "values",
                                                                  "sample_weight"]),
@@ -109,14 +107,14 @@ def _keras_changes():
             "train_step" in _names_used(trainer.make_train_function)
             and "test_step" in _names_used(trainer.make_test_function)
             and "run" in _names_used(trainer._make_function)),
-        "TensorFlowTrainer.make_predict_function defines the predict step": lambda: (
+        "Trainer.make_predict_function defines the predict step": lambda: (
             bool(_nested_function_names(trainer.make_predict_function))),
         "Model.train_on_batch/test_on_batch/predict_on_batch, save, save_weights, export; "
         "keras.saving.save_model": lambda: all(
             callable(getattr(keras.Model, name)) for name in (
                 "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights",
                 "export")) and callable(keras.saving.save_model),
-        "TensorFlowTrainer.fit/evaluate/predict take batch_size, steps(_per_epoch), "
+        "Trainer.fit/evaluate/predict take batch_size, steps(_per_epoch), "
         "validation arguments by name": lambda: (
             {"batch_size", "epochs", "steps_per_epoch", "shuffle", "class_weight",
              "sample_weight", "initial_epoch", "validation_split", "validation_freq",
@@ -153,7 +151,7 @@ def _keras_changes():
             "class_weight" in _keywords_passed(trainer.fit)
             and "class_weight" not in _keywords_passed(trainer.evaluate)
             and "class_weight" not in _keywords_passed(trainer.predict)),
-        "TensorFlowTrainer._maybe_symbolic_build(iterator, data_batch) builds through "
+        "Trainer._maybe_symbolic_build(iterator, data_batch) builds through "
         "_symbolic_build; TFEpochIterator._distributed_dataset": lambda: (
             _parameters(trainer._maybe_symbolic_build) == ["self", "iterator", "data_batch"]
             and "_symbolic_build" in _names_used(trainer._maybe_symbolic_build)
@@ -204,25 +202,23 @@ def _last_call_before_return(function):
 def _holds(expectation):
     try:
         return bool(expectation())
-    except (AttributeError, KeyError, TypeError, ValueError, OSError, SyntaxError):  # gone or changed
+    except Exception:  # pylint: disable=broad-except  (gone or changed)
         return False
 
 
 def check_keras():
-    """Fail loudly if this Keras lacks what the patches rely on; warn if it is untested."""
-    version = tuple(int(part) for part in keras.__version__.split(".")[:2])
-    changes = _keras_changes()
+    """Refuse a Keras (or TensorFlow) outside the supported range, or one that lacks what the
+    patches rely on (ImportError naming what changed)."""
+    versions.refuse_unsupported("keras", keras.__version__, tfdist_version)
+    versions.refuse_unsupported("tensorflow", tf.__version__, tfdist_version)
+    changes = keras_internals.missing() or _keras_changes()
     if changes:
         raise ImportError(
-            f"tfdist {tfdist_version} supports Keras >={'.'.join(map(str, SUPPORTED_KERAS[0]))}"
-            f",<{'.'.join(map(str, SUPPORTED_KERAS[1]))}; Keras {keras.__version__} is "
-            f"installed and has changed what tfdist patches: {'; '.join(changes)}. Install a "
-            "supported Keras (pip install 'keras>=3.15,<3.16')."
+            f"tfdist {tfdist_version} supports Keras {versions.describe_range('keras')}; "
+            f"Keras {keras.__version__} is installed and has changed what tfdist patches: "
+            f"{'; '.join(changes)}. Install a supported Keras "
+            f"(pip install '{versions.PIP_REQUIREMENT['keras']}')."
         )
-    if not SUPPORTED_KERAS[0] <= version < SUPPORTED_KERAS[1]:
-        logging.warning("tfdist: Keras %s is outside the tested range [%s, %s); the internals "
-                        "tfdist patches are present, but results are not verified.",
-                        keras.__version__, SUPPORTED_KERAS[0], SUPPORTED_KERAS[1])
 
 
 check_keras()

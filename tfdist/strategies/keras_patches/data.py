@@ -16,14 +16,13 @@ import threading
 import keras
 import tensorflow as tf
 from absl import logging
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
-from keras.src.backend.tensorflow.trainer import TFEpochIterator
-from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
 
 from tfdist.strategies import call_arguments
 from tfdist.strategies.keras_patches import backup
 from tfdist.strategies.data_fingerprint import array_fingerprint
+from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, GeneratorDataAdapter,
+                                                              TFEpochIterator)
 from tfdist.strategies.keras_patches.model_strategy import (is_tfdist_strategy, record_data_adapter,
                                                             tfdist_strategy)
 
@@ -40,7 +39,7 @@ def _install_build_without_peeking():
     and dtypes are all a symbolic build reads); a model Keras cannot build
     symbolically is built when its step is traced, as without a strategy.
     """
-    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    trainer = keras_internals.Trainer
     maybe_symbolic_build = trainer._maybe_symbolic_build  # pylint: disable=protected-access
 
     @functools.wraps(maybe_symbolic_build)  # check_keras reads the original through it
@@ -258,7 +257,7 @@ def _current_call_signature():
 
 def _install_call_recording():
     """fit/evaluate/predict record their arguments for the epoch iterators they build."""
-    trainer = keras_tf_trainer_module.TensorFlowTrainer
+    trainer = keras_internals.Trainer
     for name in call_arguments.CALLS:
         original = getattr(trainer, name)
         signature = inspect.signature(original)

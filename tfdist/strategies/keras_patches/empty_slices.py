@@ -11,9 +11,9 @@ stand-in row before any layer sees them, so this patch does nothing there.
 import threading
 
 import keras
-from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 from tfdist.strategies import empty_slice, replica_step
+from tfdist.strategies.keras_patches.keras_internals import get_keras_mask, set_keras_mask
 
 _local = threading.local()
 

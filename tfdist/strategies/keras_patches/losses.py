@@ -14,10 +14,10 @@ import functools
 
 import keras
 import tensorflow as tf
-from keras.src.losses import loss as keras_loss_module
 
 from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches.model_strategy import in_multi_process_strategy
+from tfdist.strategies.keras_patches import keras_internals
 
 
 def _install_loss_scaling():
@@ -28,8 +28,8 @@ def _install_loss_scaling():
     number of rows. tfdist weights each rank's gradients and batch-level
     metrics by its share of the global batch instead.
     """
-    scale = keras_loss_module.scale_loss_for_distribution
-    unscale = keras_loss_module.unscale_loss_for_distribution
+    scale = keras_internals.loss_module.scale_loss_for_distribution
+    unscale = keras_internals.loss_module.unscale_loss_for_distribution
 
     def scale_loss_for_distribution(value):
         return value if in_multi_process_strategy() else scale(value)
@@ -39,8 +39,8 @@ def _install_loss_scaling():
             return unscale(value)
         return _global_if_ratio(value)  # what Keras' steps give their loss tracker
 
-    keras_loss_module.scale_loss_for_distribution = scale_loss_for_distribution
-    keras_loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
+    keras_internals.loss_module.scale_loss_for_distribution = scale_loss_for_distribution
+    keras_internals.loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
 
 
 def _install_global_loss_denominators():
@@ -59,7 +59,7 @@ def _install_global_loss_denominators():
     Keras' own steps and custom `train_step`s that call a `keras.losses.Loss`
     get this; a user's function in `strategy.run` scales its losses itself.
     """
-    reduce_weighted_values = keras_loss_module.reduce_weighted_values
+    reduce_weighted_values = keras_internals.loss_module.reduce_weighted_values
 
     @functools.wraps(reduce_weighted_values)
     def globally_reduced(values, sample_weight=None, mask=None,
@@ -70,7 +70,7 @@ def _install_global_loss_denominators():
         if (step is None or step.scaled_by_user or step.plan.is_remote
                 or not in_multi_process_strategy()):
             return loss
-        reduction = keras_loss_module.standardize_reduction(reduction)
+        reduction = keras_internals.loss_module.standardize_reduction(reduction)
         values = keras.ops.convert_to_tensor(values, dtype=dtype)
         if values.shape.rank == 0:  # reduced by the loss itself: a hand-written mean?
             denominator = step.lineage.ratio_denominator(values)
@@ -93,15 +93,15 @@ def _install_global_loss_denominators():
             sample_weight = keras.ops.convert_to_tensor(sample_weight, dtype=dtype)
         if mask is not None:
             mask = keras.ops.convert_to_tensor(mask, dtype=dtype)
-        weights = keras_loss_module.apply_mask(sample_weight, mask, dtype=values.dtype,
+        weights = keras_internals.loss_module.apply_mask(sample_weight, mask, dtype=values.dtype,
                                                reduction=reduction)
         if weights is None:
             return loss
-        _, weights = keras_loss_module.squeeze_or_expand_to_same_rank(
+        _, weights = keras_internals.loss_module.squeeze_or_expand_to_same_rank(
             values, keras.ops.cast(weights, values.dtype))
         return step.weight_for_global_denominator(loss, keras.ops.sum(weights))
 
-    keras_loss_module.reduce_weighted_values = globally_reduced
+    keras_internals.loss_module.reduce_weighted_values = globally_reduced
 
 
 def _global_if_ratio(value):

@@ -14,9 +14,9 @@ import weakref
 
 import keras
 import tensorflow as tf
-from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 from tfdist import _tf
+from tfdist.strategies.keras_patches.keras_internals import TFDatasetAdapter
 
 
 # Callbacks that never set a stop flag, or set it only from the logs (which are global:

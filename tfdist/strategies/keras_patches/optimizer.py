@@ -3,20 +3,19 @@
 import functools
 
 import tensorflow as tf
-from keras.src import backend
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
-from keras.src.optimizers.base_optimizer import BaseOptimizer
-from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches.steps import scales_loss
 from tfdist.strategies.step_plan import DEFERRED, REMOTE
+from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches.keras_internals import (BaseOptimizer, LossScaleOptimizer,
+                                                              TFOptimizer)
 
 
 def _build_as_apply_does(optimizer, variables):
     """Build `optimizer` (and the aggregation hook's state) where Keras' `apply` would, in the
     step that first applies: before the gradients are aggregated, which may use that state."""
-    with backend.name_scope(optimizer.name, caller=optimizer):
+    with keras_internals.backend.name_scope(optimizer.name, caller=optimizer):
         optimizer.build(variables)
     optimizer.built = True
 

@@ -12,8 +12,9 @@ import inspect
 
 import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer_module
-from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
+from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches.keras_internals import LossScaleOptimizer
 
 
 def _unwrap(fn):
@@ -81,7 +82,7 @@ def is_train_step(fn):
 def is_keras_train_step(fn):
     """True for Keras' own `train_step` (not overridden): it reads no variable after its update."""
     return is_train_step(fn) and (type(model_of_step(fn)).train_step
-                                  is keras_tf_trainer_module.TensorFlowTrainer.train_step)
+                                  is keras_internals.Trainer.train_step)
 
 
 def is_predict_step(fn):
