@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 STRESS_JOBS ?= 120
 STRESS_ARGS ?=
 
-.PHONY: install demo typecheck test test-fast test-all bench stress docs docs-serve clean
+.PHONY: install demo typecheck test test-fast test-compat test-all bench stress docs docs-serve clean
 
 # TFDIST_WITHOUT_MPI=1: no Open MPI, no mpi4py, Horovod on Gloo only (mpirun jobs unavailable).
 WITHOUT_MPI := $(filter 1 yes true,$(TFDIST_WITHOUT_MPI))
@@ -37,6 +37,9 @@ test-fast: typecheck  ## the type check, then the in-process tier: no process la
 
 test: test-fast  ## make test-fast, then the multi-process tests (loopback), 18-22 min in all
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
+
+test-compat:  ## the in-process tier and a 2-process equivalence on the lowest Keras and the pinned development build (constraints-compat.txt), each in its own venv
+	PYTHON=$(PYTHON) PYTEST_ARGS="$(PYTEST_ARGS)" scripts/test_compat.sh
 
 test-all: typecheck  ## every test, including the slow scenarios
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests

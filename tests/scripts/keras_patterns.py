@@ -441,6 +441,29 @@ def case_batchnorm_empty_slices(strategy):
                                                   return_dict=True))
 
 
+def case_per_output_loss_trackers(strategy):
+    """Two outputs, 70 rows in batches of 16 (last batch 6), then of 20 (last 10), evaluated in
+    batches of 32: Keras 3.16 weights each output's loss tracker by the batch's static size,
+    which only batches of the compiled step's first size have (`keras_patches.metrics`)."""
+    keras.utils.set_random_seed(25)
+    x, y = dense_data(70, seed=26)
+    targets = {"first": y, "second": y * 2.0 - 1.0}
+    with strategy.scope():
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+        model = keras.Model(inputs, {"first": keras.layers.Dense(1, name="first")(hidden),
+                                     "second": keras.layers.Dense(1, name="second")(hidden)})
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss={"first": "mse", "second": "mae"}, loss_weights={"first": 1.0,
+                                                                             "second": 0.3})
+    history = model.fit(x, targets, batch_size=16, epochs=2, verbose=0,
+                        validation_data=(x, targets))
+    again = model.fit(x, targets, batch_size=20, epochs=1, verbose=0)
+    return results(model, history, model.evaluate(x, targets, batch_size=32, verbose=0,
+                                                  return_dict=True),
+                   **{f"again_{k}": v for k, v in again.history.items()})
+
+
 CASES = cases_of(globals())
 
 

@@ -412,6 +412,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         """
         model = keras_steps.model_of_step(fn)
         step = self._begin_replica_step(args, model, plan)
+        if model is not None:
+            step.keras_step = (model, "train" if keras_steps.is_train_step(fn) else "test")
 
         def step_then_sum(*step_args, **step_kwargs):
             outputs = fn(*step_args, **step_kwargs)

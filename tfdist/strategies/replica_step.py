@@ -33,6 +33,8 @@ class ReplicaStep(RowAccounting):
             an optimizer applies are global already.
         remote_parameter_set: a `REMOTE` step's parameter set (set id,
             variables, servers), set by the asynchronous strategy.
+        keras_step: (model, "train" or "test") when the step is a Keras model's
+            `train_step` / `test_step`, else None.
     """
 
     def __init__(self, local_rows, global_rows=None, sum_over_ranks=None,
@@ -42,6 +44,7 @@ class ReplicaStep(RowAccounting):
         self.lineage = BatchLineage()
         self.gradients_aggregated = False
         self.remote_parameter_set = None
+        self.keras_step = None
         self._deferred_updates = []
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share

@@ -76,3 +76,11 @@ TFDatasetAdapter = _attribute(_tf_dataset_adapter,
                               "TFDatasetAdapter")
 get_keras_mask = _attribute(masking, "keras.src.backend.common.masking", "get_keras_mask")
 set_keras_mask = _attribute(masking, "keras.src.backend.common.masking", "set_keras_mask")
+
+# Keras 3.16 calls a compiled step (steps_per_execution=1) on each eager batch, so the step is
+# traced with the first batch's static size, and again with a relaxed one when a batch of
+# another size comes (`reduce_retracing`); 3.15 and earlier trace the step on the iterator.
+# What reads a static size (a per-output loss tracker's weight) differs: see `metrics`.
+_keras_version = importlib.import_module("keras").__version__
+STEPS_TRACED_ON_EAGER_BATCHES = tuple(
+    int(part) for part in _keras_version.split(".")[:2] if part.isdigit()) >= (3, 16)
