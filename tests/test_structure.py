@@ -109,6 +109,7 @@ def test_no_module_imports_itself_through_others():
     assert not cycles, "import cycles: " + "; ".join(sorted(set(cycles)))
 
 
+@pytest.mark.launches  # a Python process (no training)
 def test_importing_tfdist_patches_nothing_in_keras():
     """`import tfdist.callbacks` (and the strategies module) leave Keras untouched."""
     code = """
@@ -149,6 +150,7 @@ def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
         compat.check_keras()
 
 
+@pytest.mark.launches  # a Python process (no training)
 @pytest.mark.parametrize("module", TENSORFLOW_FREE)
 def test_light_modules_import_without_tensorflow(module):
     code = (f"import sys, {module}\n"
@@ -194,3 +196,57 @@ def test_every_strategy_implementation_provides_the_declared_members():
         annotated = set().union(*(getattr(c, "__annotations__", {}) for c in implementation.__mro__))
         missing = [m for m in MEMBERS if not hasattr(implementation, m) and m not in annotated]
         assert not missing, f"{implementation.__name__} lacks {missing}"
+
+
+# --- the Keras surface (keras_patches/patch_points.py) ------------------------------------
+def _class_or_module_assignments(path):
+    """`Owner.attr = ...` and `setattr(Owner, ...)` where Owner is a class (a capitalized name)
+    or the modules keras, tf, keras_internals: what only `patch_points.replace` may do."""
+    def owner(node):
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    def is_owner(name):
+        return name is not None and (name[:1].isupper() or name in ("keras", "tf",
+                                                                    "keras_internals"))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and is_owner(owner(target.value)):
+                found.append(f"{path.name}:{node.lineno}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr" and node.args and is_owner(owner(node.args[0]))):
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_keras_is_patched_only_at_the_declared_points():
+    """Every replacement goes through patch_points (declared, with the reason Keras has no
+    hook there), and installing applies exactly the declared class-level points."""
+    from tfdist.strategies import keras_patches
+    from tfdist.strategies.keras_patches import patch_points
+
+    package = PACKAGE / "strategies" / "keras_patches"
+    stray = [where for path in sorted(package.glob("*.py")) if path.name != "patch_points.py"
+             for where in _class_or_module_assignments(path)]
+    assert not stray, f"Keras attributes assigned outside patch_points.replace: {stray}"
+    keras_patches.install()
+    assert patch_points.applied() == patch_points.class_level()
+    assert all(point.why for point in patch_points.POINTS)
+
+
+def test_only_keras_internals_imports_private_keras_modules():
+    """A renamed Keras internal is absorbed in one module (keras_patches/keras_internals.py)."""
+    importers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "keras_internals.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(name == "keras.src" or name.startswith("keras.src.") for name in names):
+                importers.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not importers, f"keras.src imported outside keras_internals: {importers}"

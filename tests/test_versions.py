@@ -65,6 +65,7 @@ def _python(code, site):
                           timeout=120, env=environment, check=False)
 
 
+@pytest.mark.launches  # a Python process (no training)
 def test_the_installed_version_is_read_from_the_metadata_without_importing(tmp_path):
     """A development build is installed by keras-nightly; its package is not imported."""
     site = _fake_site(tmp_path, "keras-nightly", "3.16.0.dev2026102704")
@@ -73,6 +74,7 @@ def test_the_installed_version_is_read_from_the_metadata_without_importing(tmp_p
     assert result.stdout.split() == ["3.16.0.dev2026102704", "False"], result.stderr[-2000:]
 
 
+@pytest.mark.launches  # a Python process (no training)
 def test_importing_tfdist_refuses_a_keras_outside_the_range(tmp_path):
     """Keras 3.12 trains activity regularizers differently: `import tfdist` says so."""
     result = _python("import tfdist", _fake_site(tmp_path, "keras", "3.12.4"))

@@ -6,8 +6,13 @@ metric is updated or where the fit loop reads `stop_training`; it has no
 notion of a chief process either. This package patches exactly those places,
 each family in its own module:
 
-* `compat`: the supported Keras range and `check_keras()`, which verifies at
-  import everything the patches and the callbacks layer rely on;
+* `compat`: `check_keras()`, which refuses a Keras outside the supported range
+  (`tfdist.versions`) and verifies at import everything the patches and the
+  callbacks layer rely on;
+* `keras_internals`: the private Keras names, resolved under each supported
+  version's spelling (the only module that imports `keras.src`);
+* `patch_points`: every attribute the families replace, declared with why
+  Keras has no hook there; they replace only through it;
 * `losses`: losses stay means over the rank's slice, each term over its own
   global denominator;
 * `optimizer`: the global gradient reaches `apply` before clipping, loss
@@ -25,7 +30,7 @@ each family in its own module:
 * `data`: building from the data's spec, `*_on_batch` slicing, generators
   without read-ahead, the epoch iterators recorded and compared across ranks.
 
-Two modules patch nothing: `steps` (which Keras step a function is, and its
+Besides those three, two modules patch nothing: `steps` (which Keras step a function is, and its
 logs) and `model_strategy` (what a model's strategy is: the API the
 callbacks layer uses). Nothing else in tfdist imports `keras.src` or touches
 a private Keras attribute.

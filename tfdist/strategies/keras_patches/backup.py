@@ -46,6 +46,7 @@ from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
 from tfdist.strategies.training_state import clear_pending, pending, set_pending
 from tfdist.strategies.keras_patches.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
                                                               TFEpochIterator)
+from tfdist.strategies.keras_patches import patch_points
 
 _fit_iterators = threading.local()  # the epoch iterator of this thread's latest fit
 # Inputs made in Python: an epoch's order may come from Python's state as its batches are read
@@ -85,8 +86,9 @@ def _track_position(callback):
         callback._tfdist_position = (epoch + 1, 0)
         epoch_end(epoch, logs)
 
-    callback.on_epoch_begin, callback.on_train_batch_end, callback.on_epoch_end = (
-        on_epoch_begin, on_train_batch_end, on_epoch_end)
+    for name, hook in (("on_epoch_begin", on_epoch_begin),
+                       ("on_train_batch_end", on_train_batch_end), ("on_epoch_end", on_epoch_end)):
+        patch_points.replace_on_instance(callback, "BackupAndRestore", name, hook)
 
 
 def _write_own_state_only(callback, strategy):
@@ -98,7 +100,8 @@ def _write_own_state_only(callback, strategy):
         if keeps_rank_state(strategy):
             _barrier(strategy, "before deleting the backup")
 
-    callback.on_train_end = on_train_end  # assigned, not wrapped: the same on every call
+    # assigned, not wrapped: the same on every call
+    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_end", on_train_end)
 
 
 def _barrier(strategy, what):
@@ -122,7 +125,8 @@ def _delete_after_every_rank(callback, strategy):
         _barrier(strategy, "before deleting the backup")
         end(logs)
 
-    callback.on_train_end = after_every_rank
+    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_end",
+                                     after_every_rank)
 
 
 # ---------------------------------------------------------------------- restoring
@@ -234,7 +238,7 @@ def _install_replay():
             return enumerate_epoch(self)
         return _replay_to(self, enumerate_epoch, *replay)
 
-    TFEpochIterator._enumerate_iterator = enumerate_from_the_backup  # pylint: disable=protected-access
+    patch_points.replace("TFEpochIterator", "_enumerate_iterator", enumerate_from_the_backup)
 
 
 def _preemption_of(callback_list):
@@ -296,7 +300,7 @@ def _install_callback_list_hooks():
                 after(self)
             return result
 
-        setattr(callback_list, hook, wrapped)
+        patch_points.replace("CallbackList", hook, wrapped)
 
     wrap("on_train_begin", after=_apply_steering_state)
     wrap("on_epoch_end", logs_of=_epoch_logs)
@@ -317,7 +321,9 @@ def _armed_while_training(callback, strategy):
         strategy.extended.preemption.disarm()
         end(logs)
 
-    callback.on_train_begin, callback.on_train_end = on_train_begin, on_train_end
+    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_begin",
+                                     on_train_begin)
+    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_end", on_train_end)
 
 
 def after_fit(model):
@@ -349,15 +355,18 @@ def _prepare(callback, strategy):
     # pylint: disable=protected-access
     keeper = callback._tfdist_state = BackupState(callback, strategy)
     _track_position(callback)
-    callback._save_model = lambda *args, **kwargs: keeper.save(*callback._tfdist_position)
+    patch_points.replace_on_instance(
+        callback, "BackupAndRestore", "_save_model",
+        lambda *args, **kwargs: keeper.save(*callback._tfdist_position))
     if strategy.is_chief:
         keeper.name_unreadable_backups()
         if strategy.world_size > 1 and keeps_rank_state(strategy):
             _delete_after_every_rank(callback, strategy)
     else:
         _write_own_state_only(callback, strategy)
-    callback.on_train_begin = functools.partial(_restore_and_resume, callback,
-                                                callback.on_train_begin, strategy)
+    patch_points.replace_on_instance(
+        callback, "BackupAndRestore", "on_train_begin",
+        functools.partial(_restore_and_resume, callback, callback.on_train_begin, strategy))
     _armed_while_training(callback, strategy)
 
 

@@ -52,6 +52,7 @@ from tfdist import cluster as cluster_lib
 from tfdist.strategies import rank_state, save_records
 from tfdist.strategies.checkpoint_files import save_backup, write_atomically
 from tfdist.strategies.training_state import TrainingState, callback_key
+from tfdist.strategies.keras_patches import patch_points
 
 # The callbacks whose state steers training or its checkpoints, and that state.
 STEERING_STATE = (
@@ -197,7 +198,8 @@ class BackupState:
                               f"({error}), and there is no previous one to resume from "
                               "(BackupAndRestore(double_checkpoint=True) keeps one)") from error
 
-        callback._load_model = load_model
+        patch_points.replace_on_instance(callback, "BackupAndRestore", "_load_model",
+                                         load_model)
 
     # ------------------------------------------------------------------ apply
     def apply(self, state: TrainingState, callbacks) -> None:

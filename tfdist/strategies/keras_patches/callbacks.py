@@ -31,6 +31,7 @@ from tfdist.strategies import replica_consistency
 from tfdist.strategies.keras_patches import backup, backup_state
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)
+from tfdist.strategies.keras_patches import patch_points
 
 
 agrees_across_ranks(report.TensorBoardScalars)
@@ -260,4 +261,4 @@ def install():
         callback_list_init(self, callbacks, add_history=add_history,
                            add_progbar=add_progbar, model=model, **params)
 
-    keras.callbacks.CallbackList.__init__ = init
+    patch_points.replace("keras.callbacks.CallbackList", "__init__", init)

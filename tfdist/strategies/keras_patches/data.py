@@ -25,6 +25,7 @@ from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, G
                                                               TFEpochIterator)
 from tfdist.strategies.keras_patches.model_strategy import (is_tfdist_strategy, record_data_adapter,
                                                             tfdist_strategy)
+from tfdist.strategies.keras_patches import patch_points
 
 
 def _install_build_without_peeking():
@@ -63,7 +64,7 @@ def _install_build_without_peeking():
             if getattr(iterator, "_tfdist_fit_iterator", False):
                 _build_optimizer_as_in_a_step(self)
 
-    trainer._maybe_symbolic_build = build_from_spec  # pylint: disable=protected-access
+    patch_points.replace("Trainer", "_maybe_symbolic_build", build_from_spec)
 
 
 def _build_optimizer_as_in_a_step(model):
@@ -99,7 +100,8 @@ def _assignments_dropped(optimizer):
         optimizer = getattr(optimizer, "inner_optimizer", None)
     for each in optimizers:
         for name in ("assign", "assign_add", "assign_sub"):
-            setattr(each, name, lambda *args, **kwargs: None)
+            patch_points.replace_on_instance(each, "BaseOptimizer", name,
+                                             lambda *args, **kwargs: None)
     try:
         yield
     finally:
@@ -159,7 +161,7 @@ def _install_on_batch_sharding():
                           for key, value in kwargs.items()}
             return _original(self, *args, **kwargs)
 
-        setattr(keras.Model, method_name, on_batch)
+        patch_points.replace("keras.Model", method_name, on_batch)
 
 
 def _install_generator_without_prefetch():
@@ -188,7 +190,7 @@ def _install_generator_without_prefetch():
             return dataset._input_dataset.with_options(exact)  # pylint: disable=protected-access
         return dataset
 
-    GeneratorDataAdapter.get_tf_dataset = without_prefetch
+    patch_points.replace("GeneratorDataAdapter", "get_tf_dataset", without_prefetch)
 
 
 _multi_process = [False]
@@ -237,7 +239,7 @@ def install_data_recording():
                 self.num_batches, _in_memory_fingerprint(self.data_adapter),
                 _current_call_signature())
 
-    TFEpochIterator.__init__ = iterator_init
+    patch_points.replace("TFEpochIterator", "__init__", iterator_init)
     _install_call_recording()
 
 
@@ -282,7 +284,7 @@ def _install_call_recording():
                 if _name == "fit":
                     backup.after_fit(self)  # also when fit raised: preemption disarmed
 
-        setattr(trainer, name, recorded)
+        patch_points.replace("Trainer", name, recorded)
 
 
 def install():

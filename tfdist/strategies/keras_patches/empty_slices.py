@@ -14,6 +14,7 @@ import keras
 
 from tfdist.strategies import empty_slice, replica_step
 from tfdist.strategies.keras_patches.keras_internals import get_keras_mask, set_keras_mask
+from tfdist.strategies.keras_patches import patch_points
 
 _local = threading.local()
 
@@ -35,4 +36,4 @@ def install():
         finally:
             _local.inside = False
 
-    keras.layers.Layer.__call__ = call_on_rows_in_custom_loops
+    patch_points.replace("keras.layers.Layer", "__call__", call_on_rows_in_custom_loops)

@@ -34,6 +34,7 @@ such a callback exists.
 import keras
 
 from tfdist.strategies.keras_patches.model_strategy import agrees, tfdist_strategy
+from tfdist.strategies.keras_patches import patch_points
 
 _FLAGS = {"train": "stop_training", "test": "stop_evaluating", "predict": "stop_predicting"}
 _BATCH_HOOKS = {
@@ -98,7 +99,7 @@ def install():
             return result
 
         run_then_agree.__wrapped__ = original
-        setattr(callback_list, hook, run_then_agree)
+        patch_points.replace("CallbackList", hook, run_then_agree)
 
     after("on_train_begin", "train", 0, schedule_first=True)
     after("on_epoch_begin", "train", 0)

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches.model_strategy import in_multi_process_strategy
 from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches import patch_points
 
 
 def _install_loss_scaling():
@@ -39,8 +40,10 @@ def _install_loss_scaling():
             return unscale(value)
         return _global_if_ratio(value)  # what Keras' steps give their loss tracker
 
-    keras_internals.loss_module.scale_loss_for_distribution = scale_loss_for_distribution
-    keras_internals.loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
+    patch_points.replace("keras.src.losses.loss", "scale_loss_for_distribution",
+                         scale_loss_for_distribution)
+    patch_points.replace("keras.src.losses.loss", "unscale_loss_for_distribution",
+                         unscale_loss_for_distribution)
 
 
 def _install_global_loss_denominators():
@@ -101,7 +104,7 @@ def _install_global_loss_denominators():
             values, keras.ops.cast(weights, values.dtype))
         return step.weight_for_global_denominator(loss, keras.ops.sum(weights))
 
-    keras_internals.loss_module.reduce_weighted_values = globally_reduced
+    patch_points.replace("keras.src.losses.loss", "reduce_weighted_values", globally_reduced)
 
 
 def _global_if_ratio(value):
@@ -138,7 +141,7 @@ def _install_ratio_gradients():
             return gradients
         return tf.nest.map_structure(lambda g: _scaled_gradient(g, factor), gradients)
 
-    tf.GradientTape.gradient = gradient_of_global_ratio
+    patch_points.replace("tf.GradientTape", "gradient", gradient_of_global_ratio)
 
 
 def _scaled_gradient(gradient, factor):

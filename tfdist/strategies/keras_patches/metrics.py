@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches import patch_points
 
 _first_rows = weakref.WeakKeyDictionary()  # a model's compiled step function -> tf.Variable
 
@@ -73,4 +74,4 @@ def install():
             sample_weight = _plain_tracker_weight(self, step)
         return update_state(self, values, sample_weight=sample_weight)
 
-    keras.metrics.Mean.update_state = mean_update_state
+    patch_points.replace("keras.metrics.Mean", "update_state", mean_update_state)

@@ -10,6 +10,7 @@ from tfdist.strategies.step_plan import DEFERRED, REMOTE
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import (BaseOptimizer, LossScaleOptimizer,
                                                               TFOptimizer)
+from tfdist.strategies.keras_patches import patch_points
 
 
 def _build_as_apply_does(optimizer, variables):
@@ -86,11 +87,12 @@ def install():
 
         return build
 
-    for optimizer_class in (BaseOptimizer, LossScaleOptimizer):
-        optimizer_class.apply = aggregating(optimizer_class.apply)
-        optimizer_class.scale_loss = share_weighted(optimizer_class.scale_loss)
+    for owner in ("BaseOptimizer", "LossScaleOptimizer"):
+        patch_points.replace(owner, "apply", aggregating(patch_points.original(owner, "apply")))
+        patch_points.replace(owner, "scale_loss",
+                             share_weighted(patch_points.original(owner, "scale_loss")))
     # The aggregation hook's state is built with the optimizer's (Aggregator.build).
-    BaseOptimizer.build = with_aggregator_state(BaseOptimizer.build)
+    patch_points.replace("BaseOptimizer", "build", with_aggregator_state(BaseOptimizer.build))
 
     all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
 
@@ -100,4 +102,4 @@ def install():
             return list(grads_and_vars)
         return all_reduce_sum_gradients(self, grads_and_vars)
 
-    TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients  # pylint: disable=protected-access
+    patch_points.replace("TFOptimizer", "_all_reduce_sum_gradients", _all_reduce_sum_gradients)

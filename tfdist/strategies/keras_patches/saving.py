@@ -32,6 +32,7 @@ from absl import logging
 from tfdist.strategies import rank_state, save_records
 from tfdist.strategies.checkpoint_files import save_model_atomically, writer_tag
 from tfdist.strategies.keras_patches.model_strategy import is_non_chief_model, tfdist_strategy
+from tfdist.strategies.keras_patches import patch_points
 
 
 def _filepath(args, kwargs):
@@ -116,7 +117,7 @@ def install():
                 save_model_atomically(_original, self, *args, before_rename=before_rename,
                                       **kwargs)))
 
-        setattr(keras.Model, method_name, chief_only)
+        patch_points.replace("keras.Model", method_name, chief_only)
 
     export = keras.Model.export
 
@@ -127,7 +128,7 @@ def install():
                              lambda before_rename: _export_atomically(
                                  export, self, *args, before_rename=before_rename, **kwargs))
 
-    keras.Model.export = export_on_the_chief
+    patch_points.replace("keras.Model", "export", export_on_the_chief)
 
     save_model = keras.saving.save_model
 
@@ -136,9 +137,9 @@ def install():
             return save_model(model, *args, **kwargs)
         return model.save(*args, **kwargs)
 
-    for module in (keras.saving, keras.models):
-        if getattr(module, "save_model", None) is save_model:
-            module.save_model = save_model_through_the_model
+    for module in ("keras.saving", "keras.models"):
+        if patch_points.original(module, "save_model") is save_model:
+            patch_points.replace(module, "save_model", save_model_through_the_model)
 
     load_weights = keras.Model.load_weights
 
@@ -149,7 +150,7 @@ def install():
             rank_state.restore(self, _filepath(args, kwargs), strategy)
         return result
 
-    keras.Model.load_weights = load_weights_with_rank_state
+    patch_points.replace("keras.Model", "load_weights", load_weights_with_rank_state)
 
     load_model = keras.saving.load_model
 
@@ -161,6 +162,6 @@ def install():
             rank_state.restore(model, filepath, strategy)
         return model
 
-    for module in (keras.saving, keras.models):
-        if getattr(module, "load_model", None) is load_model:
-            module.load_model = load_model_with_rank_state
+    for module in ("keras.saving", "keras.models"):
+        if patch_points.original(module, "load_model") is load_model:
+            patch_points.replace(module, "load_model", load_model_with_rank_state)

@@ -1,0 +1,179 @@
+"""The Keras surface: every place tfdist replaces a Keras attribute, and why Keras has no hook.
+
+Each family module (`losses`, `optimizer`, ...) replaces attributes only
+through `replace` (a class or module attribute, once per process) or
+`replace_on_instance` (one object's attribute), and only at a point declared
+in `POINTS` with the reason Keras offers no override point there. So this
+list is the whole surface the next Keras can break, each entry is checked at
+import (`compat.check_keras`, through `keras_internals`) and
+tests/test_structure.py checks that no family assigns a Keras attribute any
+other way and that installing applies exactly the class-level points.
+
+Every replacement calls the original for models (and callbacks, optimizers)
+outside a tfdist strategy: Keras is unchanged for them.
+"""
+
+import dataclasses
+from typing import Any, Dict, Set, Tuple
+
+import keras
+import tensorflow as tf
+
+from tfdist.strategies.keras_patches import keras_internals
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchPoint:
+    """One replaced attribute: `owner` (a label of `_owners()`), its attribute `names`, the family
+    module that replaces it, whether per instance, and why Keras has no hook there."""
+
+    owner: str
+    names: Tuple[str, ...]
+    family: str
+    why: str
+    per_instance: bool = False
+
+
+POINTS = (
+    # losses
+    PatchPoint("keras.src.losses.loss", ("scale_loss_for_distribution",
+                                         "unscale_loss_for_distribution"), "losses",
+               "Keras divides every loss by num_replicas_in_sync in these module functions, "
+               "called from Loss.__call__ and the trainer; no argument turns it off"),
+    PatchPoint("keras.src.losses.loss", ("reduce_weighted_values",), "losses",
+               "a loss term's denominator (mask, sample weights) is computed inside this "
+               "function; Loss has no hook to give it the global batch's denominator"),
+    PatchPoint("tf.GradientTape", ("gradient",), "losses",
+               "a custom step differentiates a hand-written ratio of batch sums directly; "
+               "nothing between the tape and the optimizer sees the scalar"),
+    # metrics
+    PatchPoint("keras.metrics.Mean", ("update_state",), "metrics",
+               "a Mean updated once per batch (loss trackers, a custom step's metrics) must be "
+               "share-weighted; Metric has no aggregation hook for a per-batch update"),
+    # optimizer
+    PatchPoint("BaseOptimizer", ("apply", "scale_loss"), "optimizer",
+               "clipping, accumulation and the finite check run inside apply before Keras' "
+               "all-reduce; the gradient must be global at apply's entry"),
+    PatchPoint("LossScaleOptimizer", ("apply", "scale_loss"), "optimizer",
+               "overrides BaseOptimizer's apply and scale_loss: patched alike"),
+    PatchPoint("BaseOptimizer", ("build",), "optimizer",
+               "the aggregation hook's state (error feedback, ...) is built with the optimizer's "
+               "variables; build has no extension point"),
+    PatchPoint("TFOptimizer", ("_all_reduce_sum_gradients",), "optimizer",
+               "Keras' own all-reduce would sum gradients tfdist already made global"),
+    # data
+    PatchPoint("Trainer", ("_maybe_symbolic_build",), "data",
+               "the symbolic build draws a batch from a new iterator (one more shuffle than "
+               "one process); the model must be built from the dataset's spec"),
+    PatchPoint("Trainer", ("fit", "evaluate", "predict"), "data",
+               "the epoch iterator needs the call's arguments to compare them across ranks"),
+    PatchPoint("keras.Model", ("train_on_batch", "test_on_batch", "predict_on_batch"), "data",
+               "a *_on_batch call takes a global batch that each rank must slice"),
+    PatchPoint("GeneratorDataAdapter", ("get_tf_dataset",), "data",
+               "a generator read ahead by prefetch would be drawn in another order per rank"),
+    PatchPoint("TFEpochIterator", ("__init__",), "data",
+               "every epoch iterator is recorded (global batch size) and compared across ranks"),
+    # backup
+    PatchPoint("TFEpochIterator", ("_enumerate_iterator",), "backup",
+               "a resume replays the input's consumption to the backed-up batch"),
+    PatchPoint("CallbackList", ("on_train_begin", "on_epoch_end", "on_train_batch_begin",
+                                "on_train_batch_end"), "backup",
+               "the steering callbacks' state after on_train_begin, the epoch's logs, the "
+               "preemption notice's flag before a training batch and the backup at the agreed "
+               "step after it ride the fit's callback calls; Keras has no per-batch hook "
+               "that runs before every callback"),
+    PatchPoint("BackupAndRestore", ("on_train_begin", "on_train_end", "on_epoch_begin",
+                                    "on_train_batch_end", "on_epoch_end", "_save_model",
+                                    "_load_model"), "backup",
+               "the backup is written and read on the chief with the training state, the "
+               "resume restores every rank at the next batch", per_instance=True),
+    # loop_flags
+    PatchPoint("CallbackList", ("on_train_begin", "on_epoch_begin", "on_train_batch_end",
+                                "on_epoch_end", "on_test_begin", "on_test_batch_end",
+                                "on_predict_begin", "on_predict_batch_end"), "loop_flags",
+               "the loops read stop_training / stop_evaluating / stop_predicting right after "
+               "these calls; every rank must read the same value"),
+    # callbacks
+    PatchPoint("keras.callbacks.CallbackList", ("__init__",), "callbacks",
+               "the multi-process policy (chief-only writers, watchdog, consistency check, "
+               "profiling) applies to every callback list a fit builds"),
+    # saving
+    PatchPoint("keras.Model", ("save", "save_weights", "export", "load_weights"), "saving",
+               "the chief writes atomically and every rank's own state goes beside; saving has "
+               "no hook for where or when a file is written"),
+    PatchPoint("keras.saving", ("save_model", "load_model"), "saving",
+               "module functions that bypass Model.save / carry no rank state"),
+    PatchPoint("keras.models", ("save_model", "load_model"), "saving",
+               "the same functions under keras.models"),
+    # empty_slices
+    PatchPoint("keras.layers.Layer", ("__call__",), "empty_slices",
+               "in a custom loop a model called on an empty slice must run on a stand-in row"),
+    # data (during the symbolic build only)
+    PatchPoint("BaseOptimizer", ("assign", "assign_add", "assign_sub"), "data",
+               "the optimizer built after the symbolic build drops its build-time assignments, "
+               "as one process's first trace leaves them", per_instance=True),
+)
+
+_applied: Set[Tuple[str, str]] = set()
+
+
+def _owners() -> Dict[str, Any]:
+    return {
+        "keras.src.losses.loss": keras_internals.loss_module,
+        "tf.GradientTape": tf.GradientTape,
+        "keras.metrics.Mean": keras.metrics.Mean,
+        "BaseOptimizer": keras_internals.BaseOptimizer,
+        "LossScaleOptimizer": keras_internals.LossScaleOptimizer,
+        "TFOptimizer": keras_internals.TFOptimizer,
+        "Trainer": keras_internals.Trainer,
+        "keras.Model": keras.Model,
+        "GeneratorDataAdapter": keras_internals.GeneratorDataAdapter,
+        "TFEpochIterator": keras_internals.TFEpochIterator,
+        "BackupAndRestore": keras.callbacks.BackupAndRestore,
+        "CallbackList": keras.callbacks.CallbackList,
+        "keras.callbacks.CallbackList": keras.callbacks.CallbackList,
+        "keras.saving": keras.saving,
+        "keras.models": keras.models,
+        "keras.layers.Layer": keras.layers.Layer,
+    }
+
+
+def _declared(owner: str, name: str, per_instance: bool) -> PatchPoint:
+    for point in POINTS:
+        if point.owner == owner and name in point.names and point.per_instance == per_instance:
+            return point
+    raise RuntimeError(f"tfdist: {owner}.{name} is replaced but not declared in "
+                       "keras_patches/patch_points.POINTS (declare it, with why Keras has no "
+                       "hook there)")
+
+
+def original(owner: str, name: str) -> Any:
+    """The current value of a declared class-level point (what `replace` will wrap)."""
+    _declared(owner, name, per_instance=False)
+    return getattr(_owners()[owner], name)
+
+
+def replace(owner: str, name: str, replacement: Any) -> None:
+    """Set `owner`'s attribute `name` to `replacement` (a declared class or module point)."""
+    _declared(owner, name, per_instance=False)
+    setattr(_owners()[owner], name, replacement)
+    _applied.add((owner, name))
+
+
+def replace_on_instance(instance: Any, owner: str, name: str, replacement: Any) -> None:
+    """Set one object's attribute `name` (a declared per-instance point of class `owner`)."""
+    _declared(owner, name, per_instance=True)
+    if not isinstance(instance, _owners()[owner]):
+        raise TypeError(f"tfdist: {type(instance).__name__} is not a {owner}")
+    setattr(instance, name, replacement)
+
+
+def applied() -> Set[Tuple[str, str]]:
+    """The class-level points replaced so far, as (owner, name)."""
+    return set(_applied)
+
+
+def class_level() -> Set[Tuple[str, str]]:
+    """Every declared class-level point, as (owner, name)."""
+    return {(point.owner, name) for point in POINTS if not point.per_instance
+            for name in point.names}
