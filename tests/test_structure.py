@@ -250,3 +250,20 @@ def test_only_keras_internals_imports_private_keras_modules():
             if any(name == "keras.src" or name.startswith("keras.src.") for name in names):
                 importers.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert not importers, f"keras.src imported outside keras_internals: {importers}"
+
+
+def test_a_keras_internal_under_another_name_is_found_and_a_missing_one_named(monkeypatch):
+    """Keras 3.16 renamed TensorFlowTrainer to Trainer: either spelling is taken; a name this
+    Keras has under no spelling is check_keras's ImportError, not an AttributeError."""
+    import types
+
+    from tfdist.strategies.keras_patches import compat, keras_internals
+
+    old = types.SimpleNamespace(TensorFlowTrainer="the 3.15 class")
+    new = types.SimpleNamespace(Trainer="the 3.16 class", TensorFlowTrainer="an alias")
+    monkeypatch.setattr(keras_internals, "_missing", [])
+    assert keras_internals._attribute(old, "m", "Trainer", "TensorFlowTrainer") == "the 3.15 class"
+    assert keras_internals._attribute(new, "m", "Trainer", "TensorFlowTrainer") == "the 3.16 class"
+    assert keras_internals._attribute(types.SimpleNamespace(), "keras.src.x", "Gone") is None
+    with pytest.raises(ImportError, match=r"has changed what tfdist patches: keras\.src\.x\.Gone"):
+        compat.check_keras()
