@@ -33,6 +33,8 @@ DISTRIBUTIONS = {
     "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
                    "tf-nightly", "tf-nightly-cpu"),
 }
+_warned = set()  # (module, version) already warned about
+
 PIP_REQUIREMENT = {"keras": "keras>=3.14,<3.17", "tensorflow": "tensorflow>=2.18,<2.22"}
 
 
@@ -65,8 +67,10 @@ def refuse_unsupported(module: str, version: str, tfdist_version: str = "") -> N
                f"(pip install '{PIP_REQUIREMENT[module]}'), or set "
                f"{env_vars.ALLOW_UNTESTED_VERSIONS}=1 to try this one untested.")
     if env_vars.ALLOW_UNTESTED_VERSIONS.flag():
-        logging.getLogger("tfdist").warning("%s (%s=1: going on untested)", message,
-                                            env_vars.ALLOW_UNTESTED_VERSIONS)
+        if (module, version) not in _warned:  # once, though checked at import and at the check
+            _warned.add((module, version))
+            logging.getLogger("tfdist").warning("%s (%s=1: going on untested)", message,
+                                                env_vars.ALLOW_UNTESTED_VERSIONS)
         return
     raise UnsupportedVersion(message)
 
