@@ -9,7 +9,6 @@ from tensorflow.core.protobuf import cluster_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import iterator_ops
-from tensorflow.python.data.ops import options as data_options
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
@@ -26,7 +25,6 @@ ReduceOp = reduce_util.ReduceOp
 UnaryUnchangedStructureDataset = dataset_ops.UnaryUnchangedStructureDataset
 OwnedIterator = iterator_ops.OwnedIterator  # what iter(dataset) returns eagerly
 EagerTensor = framework_ops.EagerTensor
-IGNORE_EXTERNAL_STATE = data_options.ExternalStatePolicy.IGNORE
 XSpace = xplane_pb2.XSpace  # the profiler's file format (*.xplane.pb)
 
 all_reduce_v2 = collective_ops.all_reduce_v2

@@ -69,7 +69,6 @@ ENV_SERVICE = env_vars.SERVICE.name  # Kubernetes: the headless Service's name
 ENV_NUM_PROCESSES = env_vars.NUM_PROCESSES.name  # Kubernetes: the Indexed Job's completions
 ENV_PORT = env_vars.PORT.name  # Kubernetes: every pod's TensorFlow port
 ENV_JOB_NAME = env_vars.JOB_NAME.name  # Kubernetes: the Job's name (default: from HOSTNAME)
-ENV_MAX_RESTARTS = env_vars.MAX_RESTARTS.name  # tfdist-run --max-restarts
 ENV_RESTART_COUNT = env_vars.RESTART_COUNT.name  # set by tfdist-run: 0, then 1, 2, ... per restart
 # A rank's exit code after it backed up on a preemption notice (tfdist.strategies.preemption;
 # tf-keras' PreemptionCheckpointHandler exits with the same): launchers tell it from a crash.

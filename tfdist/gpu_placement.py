@@ -44,7 +44,6 @@ from tfdist import cluster as cluster_lib
 from tfdist import env_vars
 
 ENV_SHARE_GPUS = env_vars.SHARE_GPUS.name
-ENV_GPU_PLACEMENT = env_vars.GPU_PLACEMENT.name
 
 
 @dataclasses.dataclass(frozen=True)

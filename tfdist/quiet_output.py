@@ -43,7 +43,6 @@ import warnings
 from tfdist import env_vars
 from tfdist.startup_notices import NoticeDropper
 
-ENV_VERBOSE = env_vars.VERBOSE.name
 LIBRARY_MODULES = r"(keras|tensorflow|tf_keras|numpy|absl|tfdist)(\.|$)"
 # Launchers whose output tfdist does not relay (tfdist-run filters its own).
 UNFILTERED_LAUNCHERS = ("horovodrun", "TF_CONFIG", "mpirun", "srun", "kubernetes")

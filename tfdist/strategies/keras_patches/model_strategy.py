@@ -66,11 +66,6 @@ def is_tfdist_strategy(strategy):
     return getattr(type(strategy), "is_tfdist_data_parallel", False) is True
 
 
-def is_multi_process(model):
-    strategy = tfdist_strategy(model)
-    return strategy is not None and strategy.world_size > 1
-
-
 def is_non_chief_model(model):
     strategy = tfdist_strategy(model)
     return strategy is not None and not strategy.is_chief
