@@ -10,6 +10,7 @@ single-process weights, history, evaluation and predictions (the shared
 reference run), and all ranks of a run must agree exactly.
 """
 
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,12 @@ FLOAT16_CASES, FLOAT16_RTOL, FLOAT16_ATOL = ("mixed_precision",), 2e-3, 1e-3
 # batch statistics (docs/guarantees.md), and an unseeded run (its own random draws).
 RANK_AGREEMENT_ONLY = ("batchnorm_empty_slices", "pydataset_unseeded")
 SUBSET = "text_adam,multi_io_weights,clipping,mixed_precision,custom_low_level,predict_sequences"
+
+
+def pattern_names():
+    """The cases tests/scripts/keras_patterns.py defines (`case_<name>` functions)."""
+    with open(script("keras_patterns.py"), encoding="utf-8") as source:
+        return re.findall(r"^def case_(\w+)\(", source.read(), flags=re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +65,7 @@ def assert_matches_one_process(reference, ranks):
 
 def test_reference_trains_and_covers_every_pattern(reference):
     cases = {key.split("/")[0] for key in reference}
-    assert len(cases) == 15
+    assert cases == set(pattern_names()), sorted(set(pattern_names()) ^ cases)
     assert reference["rank_local_epoch_stop/epochs_run"] == 2
     assert reference["text_adam/h_loss"][-1] < reference["text_adam/h_loss"][0]
     # The custom train_step patterns log the real loss (not a 1/N fraction of it).
