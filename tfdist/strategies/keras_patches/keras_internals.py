@@ -13,6 +13,8 @@ newest first; `missing()` lists what this Keras has under none of them.
 import importlib
 from typing import Any, List
 
+from tfdist import versions
+
 _missing: List[str] = []
 
 
@@ -81,6 +83,5 @@ set_keras_mask = _attribute(masking, "keras.src.backend.common.masking", "set_ke
 # traced with the first batch's static size, and again with a relaxed one when a batch of
 # another size comes (`reduce_retracing`); 3.15 and earlier trace the step on the iterator.
 # What reads a static size (a per-output loss tracker's weight) differs: see `metrics`.
-_keras_version = importlib.import_module("keras").__version__
-STEPS_TRACED_ON_EAGER_BATCHES = tuple(
-    int(part) for part in _keras_version.split(".")[:2] if part.isdigit()) >= (3, 16)
+STEPS_TRACED_ON_EAGER_BATCHES = (
+    versions.major_minor(importlib.import_module("keras").__version__) or (0, 0)) >= (3, 16)
