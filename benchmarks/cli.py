@@ -4,13 +4,13 @@
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
                                       # anatomy, overlap, anchor, engines, engine_step, peer,
-                                      # emulated, compression_training, consistency
+                                      # emulated
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
-    tfdist-bench --only compression_training
-                                      # root only, never in the default run: training with
-                                      # each gradient compressor to a target accuracy, on
-                                      # loopback and shaped links (~75 min at P = 4)
+
+One-off studies (a question answered once, e.g. the compression training
+experiment and the consistency costs) live in experiments/ with their frozen
+results.
 
 Every comparison is made inside one run (same machine, same moment): these
 machines are shared and noisy, so read the ratios, not the absolute times.
@@ -24,9 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, anchor_report, async_report, compression_training,
-                        consistency_costs,
-                        emulated_cluster, engine_curves, engine_step, keras_patterns_report,
+from benchmarks import (anatomy_report, anchor_report, async_report, emulated_cluster, engine_curves, engine_step, keras_patterns_report,
                         large_batch,
                         overlap_report, peer_report, profiling_report)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
@@ -223,11 +221,10 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "patterns": lambda tmp: keras_patterns_report.main([]),
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,
          "overlap": overlap_report.run, "anchor": anchor_report.run,
-         "emulated": emulated_cluster.run, "compression_training": compression_training.run,
-         "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run,
-         "consistency": lambda tmp: consistency_costs.main([])}
+         "emulated": emulated_cluster.run,
+         "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run}
 # Need root and network namespaces, and take long: only when named.
-NOT_BY_DEFAULT = ("emulated", "compression_training")
+NOT_BY_DEFAULT = ("emulated",)
 
 
 def main(argv=None):

@@ -131,12 +131,13 @@ def per_round_ratios(runs, baselines, key):
     return [run[key] / baseline[key] for run, baseline in zip(runs, baselines)]
 
 
-def write_result(name, result):
-    """Write `result` to benchmarks/results/`name`, with the environment if it has none."""
+def write_result(name, result, results=RESULTS):
+    """Write `result` to `results`/`name` (default: benchmarks/results/), with the environment
+    if it has none."""
     result = dict(result)
     result.setdefault("environment", environment())
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, name)
+    os.makedirs(results, exist_ok=True)
+    path = os.path.join(results, name)
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {path}: {json.dumps(result.get('summary', {}))}", flush=True)

@@ -41,8 +41,8 @@ def plot_bus_bandwidth(rows, methods, title, filename):
     save(fig, filename)
 
 
-def save(fig, filename, dpi=120):
-    """Write `fig` to benchmarks/results/`filename`."""
-    path = os.path.join(RESULTS, filename)
+def save(fig, filename, dpi=120, results=RESULTS):
+    """Write `fig` to `results`/`filename` (default: benchmarks/results/)."""
+    path = os.path.join(results, filename)
     fig.savefig(path, dpi=dpi)
     print(f"wrote {path}", flush=True)

@@ -5,8 +5,9 @@
 * `{{ error_messages }}` becomes the catalog of every message tfdist raises, read
   from the package's source (`error_catalog`): each `raise SomeError("...")` whose
   message is a string or f-string, grouped by module, placeholders as `{expression}`;
-* every PNG of `benchmarks/results/` is published as `results/<name>.png`, so the
-  Performance page shows the committed plots without copying them into `docs/`.
+* every PNG of `benchmarks/results/` and `experiments/results/` is published as
+  `results/<name>.png`, so the Performance page shows the committed plots without
+  copying them into `docs/`.
 
 Nothing here imports TensorFlow: `make docs` takes seconds.
 """
@@ -19,7 +20,8 @@ from mkdocs.structure.files import File
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "tfdist")
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+RESULTS = (os.path.join(ROOT, "benchmarks", "results"),
+           os.path.join(ROOT, "experiments", "results"))
 
 
 def _message(node):
@@ -91,7 +93,7 @@ def on_page_markdown(markdown, page, config, files):  # pylint: disable=unused-a
 
 
 def on_files(files, config):
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*.png"))):
+    for path in sorted(p for folder in RESULTS for p in glob.glob(os.path.join(folder, "*.png"))):
         files.append(File.generated(config, f"results/{os.path.basename(path)}",
                                     abs_src_path=path))
     return files

@@ -127,7 +127,7 @@ def test_ranks_out_of_step_fail_instead_of_hanging():
             return comm.all_reduce(tf.constant(1.0))  # rank 1 never joins
         return None
 
-    with pytest.raises(SimulationError, match="rank 0: all_reduce 0 waited more than"):
+    with pytest.raises(SimulationError, match="rank 0: all_reduce 0 waited .* without progress"):
         simulate(2, run, timeout=1)
 
 

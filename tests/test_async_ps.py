@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import failure_report, horovodrun, script, start_job, tfdist_run
-from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
+from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE
 
 TOLERANCE = 1e-5
 

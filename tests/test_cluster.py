@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tfdist import cluster
-from tfdist.slurm_hostlist import expand_hostlist, first_host
+from tfdist.process_setup import cluster
+from tfdist.process_setup.slurm_hostlist import expand_hostlist, first_host
 
 
 def tf_config(cluster_spec, task_type, index):

@@ -1,8 +1,8 @@
-"""Processes sharing a host split TensorFlow's intra-op threads (`tfdist.cpu_share`)."""
+"""Processes sharing a host split TensorFlow's intra-op threads (`tfdist.process_setup.cpu_share`)."""
 
 import pytest
 
-from tfdist import cluster, cpu_share
+from tfdist.process_setup import cluster, cpu_share
 
 
 @pytest.mark.parametrize("local_size, usable, machine, expected", [

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from tfdist import engine_choice
-from tfdist.engine_choice import COLLECTIVE, HOROVOD_GLOO, HOROVOD_MPI
+from tfdist.process_setup import engine_choice
+from tfdist.process_setup.engine_choice import COLLECTIVE, HOROVOD_GLOO, HOROVOD_MPI
 
 RESULTS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "results")
 MiB = 2**20

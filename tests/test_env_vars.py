@@ -98,3 +98,29 @@ def test_integers_name_the_variable_when_malformed():
 def test_a_child_environment_without_tfdist_variables():
     assert env_vars.process_environment_without_tfdist(
         {"TFDIST_RANK": "1", "PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+# Prefixes of the variables other tools set that tfdist may read (launchers, TensorFlow, CUDA).
+FOREIGN_NAME = re.compile(r"^(HOROVOD|SLURM|SLURMD|OMPI|PMI|PMIX|TF|CUDA|JOB|HOSTNAME|KUBERNETES)"
+                          r"(_[A-Z0-9]+)*$")
+
+
+def test_other_tools_variables_are_read_through_the_registry():
+    """A launcher's or TensorFlow's variable (HOROVOD_RANK, SLURM_PROCID, TF_CONFIG, ...) is
+    declared in `env_vars.Foreign` and spelled nowhere else in the library's code."""
+    foreign = {variable.name for variable in env_vars.FOREIGN_VARIABLES}
+    offenders = []
+    for path in _python_files():
+        if os.path.basename(path) == "env_vars.py" and os.path.dirname(path) == PACKAGE:
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        docstrings = {id(node) for node in _docstrings(tree)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings
+                    and (node.value in foreign or FOREIGN_NAME.match(node.value))):
+                offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}")
+    assert not offenders, "read through tfdist.env_vars.Foreign:\n" + "\n".join(offenders)
+    assert all(not v.name.startswith(env_vars.PREFIX) for v in env_vars.FOREIGN_VARIABLES)
+    assert len(foreign) == len(env_vars.FOREIGN_VARIABLES)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tfdist import cluster, gpu_placement
+from tfdist.process_setup import cluster, gpu_placement
 
 GPUS = [f"/physical_device:GPU:{i}" for i in range(4)]
 

@@ -102,6 +102,7 @@ def test_close_drains_the_queue_and_later_releases_are_refused():
     assert not releaser.release(object()) and not releaser.start()
 
 
+@pytest.mark.launches  # one Python process that fails
 def test_a_job_that_fails_in_training_still_exits(tmp_path):
     """The first release may come from a destructor at interpreter exit, after a failure: the
     thread must not be started there (a thread started while Python finalizes never runs)."""

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from helpers import script, tfdist_run
-from tfdist.comm import ports
 
 
 def _alive(pid):
@@ -146,26 +145,6 @@ def test_port_base_in_use_is_a_clear_error():
                             launcher=["--port-base", str(port)])
     assert result.returncode != 0
     assert f"[{port}]" in result.stderr and "already in use" in result.stderr
-
-
-def test_missing_command_is_a_usage_error():
-    result = subprocess.run([sys.executable, "-m", "tfdist.launch", "-np", "2"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "no command given" in result.stderr
-
-
-def test_pick_ports_are_distinct_and_free():
-    chosen = ports.pick_ports(5)
-    assert len(set(chosen)) == 5
-    assert all(ports.port_is_free(p) for p in chosen)
-
-
-@pytest.mark.parametrize("argv", [["-np", "0", "x"], ["--timeout", "0", "x"]])
-def test_bad_flags(argv):
-    result = subprocess.run([sys.executable, "-m", "tfdist.launch"] + argv,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
 
 
 NOISY_RANK = r"""

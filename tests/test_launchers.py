@@ -5,7 +5,7 @@ Each test starts the real launcher on this machine - Open MPI's `mpirun`
 `scripts/local_slurm.sh` starts, and Ray Train's `TensorflowTrainer` (the
 `ray` extra) - around the same equivalence script the other launchers run,
 and the training must match one process within 1e-4 (every rank bit-equal).
-How each finds its peers: `tfdist.cluster` (discovery) and
+How each finds its peers: `tfdist.process_setup.cluster` (discovery) and
 `tfdist.comm.address_exchange` (the workers' addresses). Killing a worker
 under each launcher is in test_kill_matrix.
 """
@@ -97,7 +97,7 @@ def test_mpirun_output_is_as_quiet_as_tfdist_run():
 def test_a_busy_rendezvous_port_is_a_clear_error():
     import socket  # pylint: disable=import-outside-toplevel
 
-    from tfdist.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
+    from tfdist.process_setup.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
     from tfdist.comm.address_exchange import serve_store  # pylint: disable=import-outside-toplevel
 
     with socket.socket() as busy:
@@ -111,7 +111,7 @@ def test_a_busy_rendezvous_port_is_a_clear_error():
 
 @pytest.mark.horovod
 def test_the_address_store_names_the_ranks_that_never_came():
-    from tfdist.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
+    from tfdist.process_setup.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
     from tfdist.comm import address_exchange  # pylint: disable=import-outside-toplevel
     from tfdist.comm.ports import pick_ports  # pylint: disable=import-outside-toplevel
 
@@ -138,7 +138,7 @@ def test_the_address_store_names_the_ranks_that_never_came():
 def test_ranks_swap_addresses_through_the_store_and_rank_0_closes_it():
     import threading  # pylint: disable=import-outside-toplevel
 
-    from tfdist.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
+    from tfdist.process_setup.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
     from tfdist.comm import address_exchange  # pylint: disable=import-outside-toplevel
     from tfdist.comm.ports import pick_ports  # pylint: disable=import-outside-toplevel
 

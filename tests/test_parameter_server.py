@@ -10,7 +10,6 @@ import pytest
 
 from helpers import (failure_report, max_abs_difference, only_configs, script, tf_config_job,
                      tfdist_run)
-from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
 
 TOLERANCE = 1e-4
 CONFIGS = ("adam", "adam_tfdata")  # numpy input; shuffled tf.data with steps_per_execution=2
@@ -47,23 +46,6 @@ def test_ps_trains_like_one_process(one_process, tmp_path, workers, servers):
     assert f"{servers or workers} {kind} server(s) for {workers} worker(s)" in output
     assert "[0] tfdist parameter server partition:" in output  # logged on the chief only
     assert "[1] tfdist parameter server partition:" not in output
-
-
-@pytest.mark.parametrize("num_elements,servers", [(10_000_000, 3), (1_234_567, 2), (300_001, 4),
-                                                  (262_144 * 5, 5)])
-def test_partition_balances_bytes_and_respects_the_message_limit(num_elements, servers):
-    plan = ShardPlan(num_elements, 4, servers, piece_bytes=1 << 20)
-    assert sum(plan.sizes) == num_elements
-    assert max(plan.sizes) * 4 <= 1 << 20
-    per_server = plan.bytes_per_server()
-    assert max(per_server) <= sum(per_server) / servers + 4 * len(plan.sizes) / servers
-    assert len(set(plan.servers)) == servers
-
-
-def test_small_buffers_stay_whole_and_rotate_over_servers():
-    small = MIN_SPLIT_BYTES // 4
-    assert ShardPlan(small, 4, 3, 1 << 20, first_server=2).servers == [2]
-    assert ShardPlan(small, 4, 3, 1 << 20, first_server=4).servers == [1]
 
 
 def ps_job(workers, servers, mode_args, timeout_s):

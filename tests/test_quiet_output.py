@@ -1,6 +1,6 @@
 """Quiet output where tfdist-run does not filter: TensorFlow's notices and library warnings.
 
-In-process checks of `tfdist.quiet_output`'s decisions; the multi-process
+In-process checks of `tfdist.process_setup.quiet_output`'s decisions; the multi-process
 check (a job under mpirun prints no start-up notice and one copy of a Keras
 warning) is `test_launchers.test_mpirun_output_is_as_quiet_as_tfdist_run`.
 """
@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from tfdist import cluster, quiet_output
+from tfdist.process_setup import cluster, quiet_output
 from tfdist.launch.output_filter import OutputFilter
 
 MPI_RANK_1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}

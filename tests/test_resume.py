@@ -31,7 +31,7 @@ import pytest
 from helpers import (case_parameters, failure_report, horovodrun, require_launcher, script,
                      start_job, tfdist_run)
 from test_resume_in_process import STOP_AT_STEP, assert_resumed_like, resume_mid_epoch
-from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
+from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE
 
 RUN_TIMEOUT = 60
 

@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
 
 from tfdist.simulation import simulate_processes  # noqa: E402  pylint: disable=wrong-import-position
-from tfdist.strategies import preemption  # noqa: E402  pylint: disable=wrong-import-position
-from tfdist.strategies.agreed_flags import AgreedFlags  # noqa: E402  pylint: disable=wrong-import-position
-from tfdist.strategies.keras_patches import backup_state  # noqa: E402  pylint: disable=wrong-import-position
-from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.fault_tolerance import preemption  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.fault_tolerance.agreed_flags import AgreedFlags  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.fault_tolerance import backup_state  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE  # noqa: E402  pylint: disable=wrong-import-position
 
 STOP_AT_STEP = 23  # the last backup: step 20, 8 steps into the second epoch
 ATOL = 1e-4

@@ -13,22 +13,25 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 # layer is that of the longest prefix naming it, so a package may span layers (profiling:
 # its TF-free names at the bottom, each other module beside the layer that uses it).
 LAYERS = [
-    ("tfdist._tf", "tfdist.errors", "tfdist.cluster", "tfdist.child_processes", "tfdist.chief_log",
-     "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.cpu_share",
-     "tfdist.gpu_placement", "tfdist.engine_choice", "tfdist.env_vars", "tfdist.profiling",
-     "tfdist.profiling.names", "tfdist.versions"),
+    ("tfdist._tf", "tfdist.errors", "tfdist.chief_log", "tfdist.env_vars", "tfdist.versions",
+     "tfdist.process_setup", "tfdist.fault_tolerance.restarts", "tfdist.cluster",
+     "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.runtime", "tfdist.simulation"),
-    ("tfdist.strategies", "tfdist.optimizers", "tfdist.profiling.report",
+    ("tfdist.strategies", "tfdist.fault_tolerance", "tfdist.optimizers", "tfdist.profiling.report",
      "tfdist.profiling.rank_profiler"),
     ("tfdist.callbacks",),
     ("tfdist.launch", "tfdist.server", "tfdist.profiling.timeline"),
 ]
 
 # Modules that must import without TensorFlow (the launcher and the timeline's parsing use them).
-TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.engine_choice", "tfdist.env_vars", "tfdist.quiet_output", "tfdist.startup_notices", "tfdist.slurm_hostlist", "tfdist.profiling", "tfdist.profiling.names",
-                   "tfdist.profiling.timeline", "tfdist.launch.cli", "tfdist.versions")
+TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.process_setup.cluster",
+                   "tfdist.process_setup.engine_choice", "tfdist.env_vars",
+                   "tfdist.process_setup.quiet_output", "tfdist.process_setup.startup_notices",
+                   "tfdist.process_setup.slurm_hostlist", "tfdist.fault_tolerance.restarts",
+                   "tfdist.profiling", "tfdist.profiling.names", "tfdist.profiling.timeline",
+                   "tfdist.launch.cli", "tfdist.versions")
 
 
 def _layer(module):
@@ -111,9 +114,12 @@ def test_no_module_imports_itself_through_others():
 
 @pytest.mark.launches  # a Python process (no training)
 def test_importing_tfdist_patches_nothing_in_keras():
-    """`import tfdist.callbacks` (and the strategies module) leave Keras untouched."""
+    """`import tfdist.callbacks` (and the strategies module) leave Keras untouched; `fit`
+    replaces no `Layer.__call__` (a multi-rank custom loop's first step does: the empty-slice
+    cases of test_keras_in_process.py need it), and a plain model's callback list is Keras'."""
     code = """
 import keras
+import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 before = (keras.callbacks.CallbackList.__init__, TFEpochIterator.__init__, BaseOptimizer.apply,
@@ -125,11 +131,24 @@ assert before == after, "importing tfdist patched Keras"
 tfdist.callbacks.LearningRateWarmup(warmup_epochs=1)
 assert TFEpochIterator.__init__ is not before[1], "a tfdist LR callback records the data"
 assert keras.callbacks.CallbackList.__init__ is before[0], "and patches nothing else"
+layer_call = keras.layers.Layer.__call__
+strategy = tfdist.strategies.RingAllReduceStrategy()
+with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+model.fit(tf.zeros((4, 2)), tf.zeros((4, 1)), epochs=1, verbose=0)
+assert keras.layers.Layer.__call__ is layer_call, "fit needs no process-wide Layer.__call__"
+plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+callbacks = keras.callbacks.CallbackList([], model=plain)
+assert type(callbacks) is keras.callbacks.CallbackList, "a plain model's list is Keras' own"
+strategy.run(tf.function(lambda x: model(x)), args=(tf.zeros((2, 2)),))
+assert keras.layers.Layer.__call__ is layer_call, "one process: no slice is ever empty"
 print("ok")
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300, check=False)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+    assert result.returncode == 0 and result.stdout.splitlines()[-1:] == ["ok"], \
+        result.stderr[-3000:]
 
 
 def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
@@ -234,8 +253,46 @@ def test_keras_is_patched_only_at_the_declared_points():
              for where in _class_or_module_assignments(path)]
     assert not stray, f"Keras attributes assigned outside patch_points.replace: {stray}"
     keras_patches.install()
-    assert patch_points.applied() == patch_points.class_level()
-    assert all(point.why for point in patch_points.POINTS)
+    assert patch_points.applied() - patch_points.on_demand() == patch_points.class_level()
+    assert all(point.why for point in patch_points.POINTS + patch_points.OVERRIDES)
+
+
+def test_overrides_are_declared_and_keep_keras_signatures():
+    """The subclasses tfdist gives a tfdist model's callback list and the user's
+    BackupAndRestore override only declared Keras methods, with Keras' parameters."""
+    import inspect  # pylint: disable=import-outside-toplevel
+
+    from tfdist.strategies.keras_patches import backup, callback_list, patch_points
+
+    for owner, overrides in (("CallbackList", callback_list.MultiProcessHooks),
+                             ("BackupAndRestore", backup.DistributedBackup)):
+        point = next(p for p in patch_points.OVERRIDES if p.owner == owner)
+        defined = {name for name, value in vars(overrides).items()
+                   if callable(value) and not name.startswith("__")}
+        assert defined == set(point.names), (owner, defined ^ set(point.names))
+        keras_class = patch_points.owner_class(owner)
+        for name in defined:
+            assert (inspect.signature(getattr(overrides, name)).parameters.keys()
+                    == inspect.signature(getattr(keras_class, name)).parameters.keys()), name
+
+
+def test_a_keras_object_adopted_keeps_its_class_name_and_is_adopted_once():
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tfdist.strategies.keras_patches import backup, patch_points
+
+    class UsersBackup(keras.callbacks.BackupAndRestore):
+        pass
+
+    first, second = UsersBackup("/tmp/unused-a"), UsersBackup("/tmp/unused-b")
+    for callback in (first, second, first):
+        patch_points.adopt(callback, "BackupAndRestore", backup.DistributedBackup)
+    assert type(first) is type(second) and type(first).__name__ == "UsersBackup"
+    assert type(first).__mro__[1:3] == (backup.DistributedBackup, UsersBackup)
+    assert patch_points.keras_class(first) is UsersBackup
+    with pytest.raises(TypeError, match="is not a BackupAndRestore"):
+        patch_points.adopt(keras.callbacks.History(), "BackupAndRestore",
+                           backup.DistributedBackup)
 
 
 def test_only_keras_internals_imports_private_keras_modules():

@@ -7,9 +7,12 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tfdist.comm import ports
+from tfdist.launch import cli
 from tfdist.aggregation.compression import FP16Compression
 from tfdist.aggregation.compressors import get_compressor
 from tfdist.aggregation.fusion import FusionPlan, reverse_order_buckets
+from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
 from tfdist.strategies.sharding import shard_global_batch
 
 
@@ -235,3 +238,38 @@ def test_a_model_never_runs_on_zero_rows_in_a_custom_loop():
     assert int(rows) == 0 and float(gradient) == 1.0
     rows, gradient = traced(tf.ones([2, 3]))
     assert int(rows) == 2 and float(gradient) == 7.0
+
+
+# --- the parameter servers' shard plan
+@pytest.mark.parametrize("num_elements,servers", [(10_000_000, 3), (1_234_567, 2), (300_001, 4),
+                                                  (262_144 * 5, 5)])
+def test_partition_balances_bytes_and_respects_the_message_limit(num_elements, servers):
+    plan = ShardPlan(num_elements, 4, servers, piece_bytes=1 << 20)
+    assert sum(plan.sizes) == num_elements
+    assert max(plan.sizes) * 4 <= 1 << 20
+    per_server = plan.bytes_per_server()
+    assert max(per_server) <= sum(per_server) / servers + 4 * len(plan.sizes) / servers
+    assert len(set(plan.servers)) == servers
+
+
+def test_small_buffers_stay_whole_and_rotate_over_servers():
+    small = MIN_SPLIT_BYTES // 4
+    assert ShardPlan(small, 4, 3, 1 << 20, first_server=2).servers == [2]
+    assert ShardPlan(small, 4, 3, 1 << 20, first_server=4).servers == [1]
+
+
+# --- tfdist-run's command line (no process started)
+def test_pick_ports_are_distinct_and_free():
+    chosen = ports.pick_ports(5)
+    assert len(set(chosen)) == 5
+    assert all(ports.port_is_free(p) for p in chosen)
+
+
+@pytest.mark.parametrize("argv,message", [(["-np", "2"], "no command given"),
+                                          (["-np", "0", "x"], "-np must be >= 1"),
+                                          (["--timeout", "0", "x"], "--timeout must be positive")])
+def test_bad_command_lines_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err

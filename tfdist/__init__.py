@@ -7,7 +7,7 @@ a Keras or TensorFlow outside the supported range (`tfdist.versions`).
 
 import importlib
 
-from tfdist import quiet_output as _quiet_output
+from tfdist.process_setup import quiet_output as _quiet_output
 from tfdist import versions as _versions
 
 __version__ = "0.1.0"
@@ -16,8 +16,8 @@ _versions.check_installed(__version__)  # a Keras or TensorFlow outside the rang
 
 _quiet_output.before_tensorflow()  # TensorFlow's start-up notices, if it is not imported yet
 
-_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "compression", "optimizers",
-               "profiling", "runtime", "strategies")
+_SUBMODULES = ("aggregation", "callbacks", "cluster", "comm", "compression", "fault_tolerance",
+               "optimizers", "process_setup", "profiling", "runtime", "strategies")
 
 
 def __getattr__(name):

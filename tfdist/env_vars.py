@@ -229,6 +229,108 @@ EMULATED_HOSTS = _declare(
 VARIABLES = tuple(_REGISTRY)
 BY_NAME = {v.name: v for v in VARIABLES}
 
+# ------------------------------------------------------------------- other tools' variables
+_FOREIGN = []
+
+
+def _foreign(name, set_by, meaning, group):
+    variable = Variable(name, "string", "", set_by, meaning, group)
+    _FOREIGN.append(variable)
+    return variable
+
+
+_FROM_LAUNCHERS = "Read from the launchers (who am I, who are my peers)"
+_FOR_ENGINES = "Read or set for TensorFlow and Horovod"
+
+
+class Foreign:  # pylint: disable=too-few-public-methods
+    """Variables of other tools that tfdist reads (or sets for the tools it starts): the
+    launchers' rank and size, TensorFlow's and Horovod's settings. Read through these, as the
+    `TFDIST_*` ones are (tests/test_env_vars.py fails on a name spelled elsewhere)."""
+
+    HOROVOD_RANK = _foreign("HOROVOD_RANK", "horovodrun", "The process's rank.", _FROM_LAUNCHERS)
+    HOROVOD_SIZE = _foreign("HOROVOD_SIZE", "horovodrun", "Number of processes.", _FROM_LAUNCHERS)
+    HOROVOD_LOCAL_RANK = _foreign("HOROVOD_LOCAL_RANK", "horovodrun", "Rank on this host.",
+                                  _FROM_LAUNCHERS)
+    HOROVOD_LOCAL_SIZE = _foreign("HOROVOD_LOCAL_SIZE", "horovodrun", "Processes on this host.",
+                                  _FROM_LAUNCHERS)
+    HOROVOD_HOSTNAME = _foreign("HOROVOD_HOSTNAME", "horovodrun",
+                                "This host's name in the job (its address for peers).",
+                                _FROM_LAUNCHERS)
+    HOROVOD_GLOO_RENDEZVOUS_ADDR = _foreign(
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR", "horovodrun (Gloo), tfdist-run --horovod",
+        "Horovod's rendezvous server: a Gloo job; tfdist swaps its addresses there.",
+        _FROM_LAUNCHERS)
+    HOROVOD_GLOO_RENDEZVOUS_PORT = _foreign(
+        "HOROVOD_GLOO_RENDEZVOUS_PORT", "horovodrun (Gloo), tfdist-run --horovod",
+        "The rendezvous server's port.", _FROM_LAUNCHERS)
+    HOROVOD_CPU_OPERATIONS = _foreign("HOROVOD_CPU_OPERATIONS", "you, horovodrun",
+                                      "`gloo`: Horovod's CPU operations run on Gloo.",
+                                      _FROM_LAUNCHERS)
+    OMPI_COMM_WORLD_RANK = _foreign("OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)",
+                                    "The process's rank.", _FROM_LAUNCHERS)
+    OMPI_COMM_WORLD_SIZE = _foreign("OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)",
+                                    "Number of processes.", _FROM_LAUNCHERS)
+    OMPI_COMM_WORLD_LOCAL_RANK = _foreign("OMPI_COMM_WORLD_LOCAL_RANK", "mpirun (Open MPI)",
+                                          "Rank on this host.", _FROM_LAUNCHERS)
+    OMPI_COMM_WORLD_LOCAL_SIZE = _foreign("OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun (Open MPI)",
+                                          "Processes on this host.", _FROM_LAUNCHERS)
+    PMI_RANK = _foreign("PMI_RANK", "MPICH / Intel MPI (Hydra), srun --mpi=pmi2",
+                        "A rank from a PMI launcher (refused: not Open MPI; or checked "
+                        "against srun's).", _FROM_LAUNCHERS)
+    PMI_SIZE = _foreign("PMI_SIZE", "MPICH / Intel MPI (Hydra)",
+                        "A PMI launcher's process count.", _FROM_LAUNCHERS)
+    SLURM_PROCID = _foreign("SLURM_PROCID", "srun", "The task's rank.", _FROM_LAUNCHERS)
+    SLURM_STEP_ID = _foreign("SLURM_STEP_ID", "srun", "The job step (with SLURM_PROCID: an "
+                             "srun step, not sbatch's batch script).", _FROM_LAUNCHERS)
+    SLURM_STEP_NUM_TASKS = _foreign("SLURM_STEP_NUM_TASKS", "srun", "Tasks in the step.",
+                                    _FROM_LAUNCHERS)
+    SLURM_LOCALID = _foreign("SLURM_LOCALID", "srun", "The task's rank on its node.",
+                             _FROM_LAUNCHERS)
+    SLURM_STEP_NODELIST = _foreign("SLURM_STEP_NODELIST", "srun", "The step's nodes (a Slurm "
+                                   "hostlist); the first holds rank 0's store.", _FROM_LAUNCHERS)
+    SLURM_STEP_TASKS_PER_NODE = _foreign("SLURM_STEP_TASKS_PER_NODE", "srun",
+                                         "Tasks per node, e.g. `2(x3),1`.", _FROM_LAUNCHERS)
+    SLURMD_NODENAME = _foreign("SLURMD_NODENAME", "srun", "This node's name in the hostlist.",
+                               _FROM_LAUNCHERS)
+    SLURM_JOB_ID = _foreign("SLURM_JOB_ID", "srun", "The job id (with the step id: the "
+                            "rendezvous port).", _FROM_LAUNCHERS)
+    TF_CONFIG = _foreign("TF_CONFIG", "you, Ray Train, a Kubernetes operator",
+                         "TensorFlow's cluster spec: workers, chief, ps and this task.",
+                         _FROM_LAUNCHERS)
+    JOB_COMPLETION_INDEX = _foreign("JOB_COMPLETION_INDEX", "Kubernetes (Indexed Job)",
+                                    "The pod's index: its rank.", _FROM_LAUNCHERS)
+    HOSTNAME = _foreign("HOSTNAME", "Kubernetes, the shell",
+                        "The pod's host name (`<job>-<index>`: the Job's name).",
+                        _FROM_LAUNCHERS)
+    CUDA_VISIBLE_DEVICES = _foreign("CUDA_VISIBLE_DEVICES", "you, the scheduler",
+                                    "GPUs this process may use; GPU placement picks among them.",
+                                    _FOR_ENGINES)
+    TF_CPP_MIN_LOG_LEVEL = _foreign("TF_CPP_MIN_LOG_LEVEL", "you; tfdist when unset",
+                                    "TensorFlow's C++ log level: tfdist sets 1 (no start-up "
+                                    "notices) unless you set it.", _FOR_ENGINES)
+    TF_NUM_INTRAOP_THREADS = _foreign("TF_NUM_INTRAOP_THREADS", "you",
+                                      "TensorFlow's intra-op threads: when set, tfdist's CPU "
+                                      "share leaves them alone.", _FOR_ENGINES)
+    HOROVOD_GLOO_TIMEOUT_SECONDS = _foreign("HOROVOD_GLOO_TIMEOUT_SECONDS", "tfdist (default)",
+                                            "Set to the job timeout unless you set it.",
+                                            _FOR_ENGINES)
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = _foreign(
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "tfdist (default)",
+        "Set to the job timeout unless you set it: a stalled rank ends the job.", _FOR_ENGINES)
+    HOROVOD_CYCLE_TIME = _foreign("HOROVOD_CYCLE_TIME", "tfdist (default)",
+                                  "Horovod's cycle time, tfdist's measured default unless set.",
+                                  _FOR_ENGINES)
+    HOROVOD_TIMELINE = _foreign("HOROVOD_TIMELINE", "tfdist (when profiling)",
+                                "`DYNAMIC`: Horovod's timeline starts with the profile.",
+                                _FOR_ENGINES)
+    HOROVOD_FUSION_THRESHOLD = _foreign("HOROVOD_FUSION_THRESHOLD", "tfdist (bucket_bytes)",
+                                        "Horovod's fusion buffer: the strategy's bucket size.",
+                                        _FOR_ENGINES)
+
+
+FOREIGN_VARIABLES = tuple(_FOREIGN)
+
 
 def process_environment_without_tfdist(environ: Optional[Mapping[str, str]] = None):
     """`environ` (default: this process's) without any `TFDIST_*` variable."""
@@ -237,10 +339,11 @@ def process_environment_without_tfdist(environ: Optional[Mapping[str, str]] = No
 
 
 def markdown_table() -> str:
-    """The documentation's table of every variable, grouped, in declaration order."""
+    """The documentation's table of every variable, grouped, in declaration order (tfdist's
+    own, then the other tools' it reads or sets)."""
     lines = []
     group = None
-    for variable in VARIABLES:
+    for variable in VARIABLES + FOREIGN_VARIABLES:
         if variable.group != group:
             group = variable.group
             lines += ["", f"### {group}", "",

@@ -20,6 +20,23 @@ class ClusterError(RuntimeError):
     """
 
 
+class Preempted(Exception):
+    """Every rank backed up at the step they agreed on after a preemption notice.
+
+    Raised from the fit loop's callback list right after that backup
+    (`tfdist.fault_tolerance.preemption`); `fit` turns it into
+    `SystemExit(PREEMPTED_EXIT_CODE)` (42, `tfdist.fault_tolerance.restarts`),
+    which launchers tell from a crash. `epoch` and `steps_done` are the
+    backup's position.
+    """
+
+    def __init__(self, epoch, steps_done):
+        super().__init__(f"preempted: backed up at epoch {epoch + 1} after {steps_done} of "
+                         "its steps")
+        self.epoch = epoch
+        self.steps_done = steps_done
+
+
 _ASSERTION = re.compile(r"assertion failed: ((?:\[[^\]]*\] ?)+)")
 
 

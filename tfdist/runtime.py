@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Ty
 
 from absl import logging
 
-from tfdist import cluster as cluster_lib
-from tfdist import cpu_share, gpu_placement
-from tfdist import quiet_output
+from tfdist.env_vars import Foreign
+from tfdist.process_setup import cluster as cluster_lib
+from tfdist.process_setup import cpu_share, gpu_placement
+from tfdist.process_setup import quiet_output
 
 if TYPE_CHECKING:
     from tfdist.comm.base import Communicator
@@ -84,7 +85,7 @@ def use_communicator(communicator: "Communicator",
 
 
 def cluster() -> cluster_lib.Cluster:
-    """This process's `tfdist.cluster.Cluster` (discovered once; a bound thread's rank)."""
+    """This process's `tfdist.process_setup.cluster.Cluster` (discovered once; a bound thread's rank)."""
     global _cluster
     if getattr(_bound, "cluster", None) is not None:
         return _bound.cluster
@@ -103,7 +104,7 @@ def launched_with_horovod() -> bool:
     That is: started by horovodrun or `tfdist-run --horovod` (Gloo), or by
     mpirun (`horovodrun --mpi` runs mpirun) with a Horovod built with MPI.
     """
-    if "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ:
+    if Foreign.HOROVOD_RANK.is_set() and Foreign.HOROVOD_SIZE.is_set():
         return True
     if cluster().launcher != "mpirun":
         return False
@@ -118,8 +119,8 @@ def horovod_transport() -> Optional[str]:
     Horovod built with MPI), or None when Horovod does not know this process's peers."""
     if not launched_with_horovod():
         return None
-    if ("HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
-            or os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo"):
+    if (Foreign.HOROVOD_GLOO_RENDEZVOUS_ADDR.is_set()
+            or Foreign.HOROVOD_CPU_OPERATIONS.get(default="").lower() == "gloo"):
         return "gloo"
     return "mpi"
 
@@ -235,6 +236,6 @@ def _exchange_addresses(spec: cluster_lib.Cluster) -> Tuple[str, ...]:
     from tfdist.comm.ports import pick_ports
 
     if spec.launcher == "horovodrun":
-        host = spec.host or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        host = spec.host or Foreign.HOROVOD_HOSTNAME.get() or socket.gethostname()
         spec = dataclasses.replace(spec, host=host)
     return tuple(exchange_worker_addresses(spec, pick_ports(1, host="")[0]))

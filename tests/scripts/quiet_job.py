@@ -2,7 +2,7 @@
 
     python quiet_job.py
 
-Imports tfdist before Keras (as tfdist.quiet_output advises), raises one warning
+Imports tfdist before Keras (as tfdist.process_setup.quiet_output advises), raises one warning
 of its own and triggers one of Keras' (a layer given `input_shape`), then
 trains a few steps. Every rank runs it; the test counts the lines.
 """

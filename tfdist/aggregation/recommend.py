@@ -84,14 +84,14 @@ class Recommendation(Candidate):
 # A lossy compressor (it changes the training: more steps to the same accuracy, or a lower
 # one) is picked only when it makes the whole step this many times faster than the best
 # lossless choice (fp16 counts as lossless: Agarwal et al., MLSys 2022, advise comparing
-# against it). Calibrated on benchmarks/results/compression_training.json.
+# against it). Calibrated on experiments/results/compression_training.json.
 LOSSY_STEP_SPEEDUP = 2.0
 
 
 def default_compressors():
     """The compressors `recommend(..., compression=True)` considers: fp16 and PowerSGD rank 4,
     the two that stayed within 0.5 points of uncompressed accuracy on both models of the
-    experiment (benchmarks/results/compression_training.json); PowerSGD rank 1 and 2, top-k
+    experiment (experiments/results/compression_training.json); PowerSGD rank 1 and 2, top-k
     and 1-bit lost more on at least one, and are considered only when passed explicitly."""
     from tfdist import compression  # pylint: disable=import-outside-toplevel
 
@@ -136,7 +136,7 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
             with the best uncompressed or fp16 candidate
             (`Compressor.changes_training`): it changes the training, so a
             small gain does not pay (the experiment in
-            benchmarks/results/compression_training.json; the README).
+            experiments/results/compression_training.json; the README).
         compute_seconds: the step's computation on one process, seconds
             (communication assumed not overlapped with it); 0: communication only.
 

@@ -35,7 +35,8 @@ import urllib.error
 import urllib.request
 
 from tfdist import env_vars
-from tfdist.cluster import validate_address
+from tfdist.env_vars import Foreign
+from tfdist.process_setup.cluster import validate_address
 
 _POLL_SECONDS = 0.1
 _REQUEST_SECONDS = 5.0  # one HTTP request at most (within what is left of the timeout)
@@ -70,14 +71,13 @@ def exchange_worker_addresses(cluster, port):
 
 
 def _horovod_gloo_store():
-    try:
-        return (os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
-                os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-    except KeyError:
+    address = Foreign.HOROVOD_GLOO_RENDEZVOUS_ADDR.get()
+    port = Foreign.HOROVOD_GLOO_RENDEZVOUS_PORT.get()
+    if address is None or port is None:
         raise RuntimeError(
             "tfdist needs Horovod's Gloo rendezvous to exchange addresses under horovodrun: "
-            "launch with `horovodrun --gloo`, or use tfdist-run or TF_CONFIG."
-        ) from None
+            "launch with `horovodrun --gloo`, or use tfdist-run or TF_CONFIG.")
+    return address, port
 
 
 def serve_store(port, cluster):

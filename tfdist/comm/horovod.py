@@ -29,6 +29,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from tfdist.env_vars import Foreign
 from tfdist import _tf
 from tfdist.comm.base import Communicator
 from tfdist.errors import ClusterError
@@ -76,7 +77,7 @@ class HorovodCommunicator(Communicator):
     Horovod where its peers are.
 
     Args:
-        cluster: this process's `tfdist.cluster.Cluster`.
+        cluster: this process's `tfdist.process_setup.cluster.Cluster`.
         fusion_threshold_bytes: Horovod's fusion buffer size (tensors submitted
             together are packed into buffers of at most this many bytes).
             Takes effect only if Horovod is not yet initialized in the process.
@@ -92,17 +93,18 @@ class HorovodCommunicator(Communicator):
             logging.info("tfdist: Horovod was already initialized; its settings are kept.")
         else:
             defaults = {
-                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self.timeout)),
-                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(self.timeout)),
+                Foreign.HOROVOD_GLOO_TIMEOUT_SECONDS.name: str(int(self.timeout)),
+                Foreign.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.name: str(int(self.timeout)),
                 # The background thread's wake-up period (Horovod's default: 1 ms) is
                 # latency every step pays: 0.1 ms took a tiny all-reduce from 1.1 to
                 # 0.45 ms and the digits step from 8.8 to 6.3-7.2 ms (2 processes, 2 CPUs).
-                "HOROVOD_CYCLE_TIME": DEFAULT_CYCLE_TIME_MS,
+                Foreign.HOROVOD_CYCLE_TIME.name: DEFAULT_CYCLE_TIME_MS,
             }
             if os.environ.get(names.PROFILE_DIR_ENV):
-                defaults["HOROVOD_TIMELINE"] = "DYNAMIC"  # started when the profile starts
+                # started when the profile starts
+                defaults[Foreign.HOROVOD_TIMELINE.name] = "DYNAMIC"
             if fusion_threshold_bytes is not None:
-                os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_bytes))
+                os.environ[Foreign.HOROVOD_FUSION_THRESHOLD.name] = str(int(fusion_threshold_bytes))
             for name, value in defaults.items():
                 os.environ.setdefault(name, value)
             hvd.init()

@@ -21,9 +21,12 @@ every rank however often each traced the function) and by how many times
 it has run, so ops a step runs in parallel, in any order, still meet their
 peers' (a rank's eager collectives are matched in the order it issues
 them). Every wait is
-bounded by `timeout` seconds; a rank that raises ends the others' waits
-with an error naming it, so a test of a wrong algorithm fails instead of
-hanging.
+bounded: it fails after `timeout` seconds in which no late peer moved (its
+Python stack unchanged: blocked, or waiting in another collective), and in
+any case after `PROGRESS_CAP` times `timeout`, naming where each late peer
+is; a peer still tracing a step on a loaded machine is not taken for a
+hung one. A rank that raises ends the others' waits with an error naming
+it, so a test of a wrong algorithm fails instead of hanging.
 
 `tfdist.simulation.simulate_processes(world_size, fn)` also binds each
 thread to its communicator, so the strategies `fn` builds are P ranks of
@@ -43,6 +46,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable, List, Optional, Sequence, TypeVar
 
@@ -53,6 +57,8 @@ from tfdist.comm.base import Communicator
 from tfdist.comm.trace_counter import TraceStableCounter
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# A wait whose late peers keep moving ends after at most this many timeouts.
+PROGRESS_CAP = 5
 # Inter-op threads a process of simulated ranks needs (see `reserve_inter_op_threads`).
 INTER_OP_THREADS = 16
 
@@ -75,13 +81,25 @@ class _Meeting:
         self.threads = {}   # rank -> its thread (`simulate`), to say where a late peer is
 
     def wait_for(self, ready, rank, what, waiting_for=()):
-        """Wait under the condition until `ready()`; SimulationError on failure or timeout
-        (naming where each rank of `waiting_for` is)."""
-        if not self.condition.wait_for(lambda: ready() or self.failed, self.timeout):
-            late = "".join(f"; rank {peer} is at {_where(self.threads.get(peer))}"
-                           for peer in (waiting_for() if callable(waiting_for) else waiting_for))
-            raise SimulationError(f"simulated rank {rank}: {what} waited more than the "
-                                  f"{self.timeout:g} s timeout for its peers{late}")
+        """Wait under the condition until `ready()`; SimulationError on failure, or when the
+        ranks of `waiting_for` made no progress for `timeout` seconds (or the wait passed
+        `PROGRESS_CAP` timeouts), naming where each of them is."""
+        start = idle_since = time.monotonic()
+        poll = max(min(5.0, self.timeout / 4), 0.01)
+        seen = None
+        while not self.condition.wait_for(lambda: ready() or self.failed, poll):
+            now = time.monotonic()
+            peers = waiting_for() if callable(waiting_for) else waiting_for
+            where = [_where(self.threads.get(peer), frames=16) for peer in peers]
+            if where != seen:  # a late peer moved (tracing, building): not hung
+                seen, idle_since = where, now
+            if now - idle_since >= self.timeout or now - start >= PROGRESS_CAP * self.timeout:
+                late = "".join(f"; rank {peer} is at {_where(self.threads.get(peer))}"
+                               for peer in peers)
+                raise SimulationError(
+                    f"simulated rank {rank}: {what} waited {now - start:.0f} s for its peers, "
+                    f"{now - idle_since:.0f} s of it without progress (timeout "
+                    f"{self.timeout:g} s){late}")
         if not ready() and self.failed:
             raise SimulationError(f"simulated rank {rank}: {what} cannot complete: rank "
                                   f"{self.failed[0]} failed ({_describe(self.failed[1])})")

@@ -6,7 +6,7 @@
                python train.py args...
 
 Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
-each with the environment `tfdist.cluster.discover` reads. Every flag can also
+each with the environment `tfdist.process_setup.cluster.discover` reads. Every flag can also
 be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
 `TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`, `TFDIST_MAX_RESTARTS`). With `--horovod` the
 ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
@@ -19,7 +19,7 @@ resume from their `keras.callbacks.BackupAndRestore` backup, if the script
 has one, else from the beginning; a job the launcher itself was told to
 stop (SIGINT/SIGTERM) is not restarted: it ends with the ranks' code, 42
 when they backed up on the preemption notice the launcher relayed to them
-(`tfdist.strategies.preemption`). TensorFlow's start-up notices
+(`tfdist.fault_tolerance.preemption`). TensorFlow's start-up notices
 and repeated copies of a warning are left out of the output unless
 `--verbose` (`tfdist.launch.output_filter`). `--profile DIR` profiles
 training batches A..B on every rank into `DIR/rank_<k>` and, when the job
@@ -31,8 +31,10 @@ import os
 import subprocess
 import sys
 
-from tfdist import cluster as cluster_lib
+from tfdist.env_vars import Foreign
 from tfdist import env_vars
+from tfdist.fault_tolerance import restarts
+from tfdist.process_setup import cluster as cluster_lib
 from tfdist.comm import ports as ports_lib
 from tfdist.launch import gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
@@ -130,7 +132,8 @@ def job_environments(num_proc, num_servers, timeout, port_list, base_env):
     workers = [f"{HOST}:{p}" for p in port_list[:num_proc]]
     servers = [f"{HOST}:{p}" for p in port_list[num_proc:]]
     common = dict(base_env)
-    for stale in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE", profiling_names.PROFILE_DIR_ENV,
+    for stale in (Foreign.TF_CONFIG.name, Foreign.HOROVOD_RANK.name, Foreign.HOROVOD_SIZE.name,
+                  profiling_names.PROFILE_DIR_ENV,
                   profiling_names.PROFILE_STEPS_ENV):
         common.pop(stale, None)
     common.update({
@@ -172,7 +175,7 @@ def main(argv=None):
             break
         restart += 1
         label, failed_code = group.failure or ("?", code)
-        why = ("was preempted (exit code 42)" if failed_code == cluster_lib.PREEMPTED_EXIT_CODE
+        why = ("was preempted (exit code 42)" if failed_code == restarts.PREEMPTED_EXIT_CODE
                else f"exited with code {failed_code}")
         print(f"tfdist-run: {processes.describe(label)} {why}; "
               f"restarting the job ({restart} of {args.max_restarts} restarts) on new ports: "
@@ -195,7 +198,7 @@ def run_job(args, restart):
     group.forward_signals()
     envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
     for _, env in envs:
-        env[cluster_lib.ENV_RESTART_COUNT] = str(restart)
+        env[env_vars.RESTART_COUNT.name] = str(restart)
         if args.profile:
             env[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
             env[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps

@@ -1,7 +1,7 @@
 """What `tfdist-run` leaves out of its processes' output: start-up noise and repeated warnings.
 
 Every TensorFlow process prints the same start-up notices before any user code
-runs (`tfdist.startup_notices`); with N processes a user would see them N
+runs (`tfdist.process_setup.startup_notices`); with N processes a user would see them N
 times. A Python warning (Keras' `UserWarning`s) that every rank raises also
 appears once per rank.
 
@@ -14,7 +14,7 @@ filter off. Cost: one regular-expression match per output line.
 import re
 import threading
 
-from tfdist.startup_notices import NoticeDropper
+from tfdist.process_setup.startup_notices import NoticeDropper
 
 PYTHON_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 SOURCE_LINE_OF_WARNING = re.compile(r"^\s")

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from tfdist.child_processes import die_with_parent
+from tfdist.process_setup.child_processes import die_with_parent
 from tfdist.launch.output_filter import OutputFilter
 
 TERMINATE_GRACE_SECONDS = 10.0

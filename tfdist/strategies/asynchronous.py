@@ -58,6 +58,12 @@ class AsynchronousExtended(DataParallelExtended):
         del training
         return [bool(flag) for flag in flags]
 
+    def barrier(self, what):
+        """The workers meet on server 0, which stops waiting for a dead one (workers share no
+        collective: they are not in step)."""
+        del what
+        self.remote_updates.barrier()
+
     def check_same_data(self, num_batches, fingerprint=None, signature=None):
         """Not checked: a collective between workers not in step could wait on a dead one."""
         del num_batches, fingerprint, signature

@@ -44,16 +44,17 @@ from tfdist.profiling.counters import CommunicationCounters
 from tfdist.profiling.names import communication_scope
 from tfdist.strategies import average_loss, call_arguments, rank_state, save_records
 from tfdist.strategies import keras_patches
-from tfdist.strategies.keras_patches import data as keras_data, steps as keras_steps
+from tfdist.strategies.keras_patches import data as keras_data, empty_slices
+from tfdist.strategies.keras_patches import steps as keras_steps
 from tfdist.strategies import empty_slice, replica_step, step_plan
-from tfdist.strategies.agreed_flags import AgreedFlags
+from tfdist.fault_tolerance.agreed_flags import AgreedFlags
 from tfdist.strategies.batch_dependence import BatchLineage
-from tfdist.strategies.checkpoint_files import install_private_checkpoint_writes
+from tfdist.fault_tolerance.checkpoint_files import install_private_checkpoint_writes
 from tfdist.strategies.cross_replica_sum import StepReplicaContext, sum_exactly
 from tfdist.strategies.global_gradients import GlobalGradients
 from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
 from tfdist.strategies.local_state import LocalStateSync
-from tfdist.strategies.preemption import PreemptionNotice
+from tfdist.fault_tolerance.preemption import PreemptionNotice
 from tfdist.strategies.random_state import align_random_state
 from tfdist.strategies.sharding import batch_rows, leading_rows, shard_global_batch
 
@@ -337,6 +338,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self.communication_counters.add_host_seconds(time.perf_counter() - start)
         return stops
 
+    def barrier(self, what):
+        """Every rank waits for the others, bounded by the job timeout (a late rank is named,
+        with `what` it was waited for)."""
+        with self._communicator.expect_progress(f"the barrier {what}"):
+            self._communicator.barrier()
+
     def _distribute_datasets_from_function(self, dataset_fn, options):
         """`dataset_fn(input_context)`: the user's own per-process pipeline, iterated directly."""
         del options
@@ -481,6 +488,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         (`plan.scaled_by_user`) may take no batch at all: it then counts one row.
         """
         if plan.scaled_by_user:
+            empty_slices.install()  # a custom loop: its model may be called on an empty slice
             local_rows = leading_rows(args)
             if local_rows is None:
                 local_rows = tf.constant(1, tf.int32)
@@ -601,5 +609,5 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
 
     @property
     def cluster(self):
-        """This process's `tfdist.cluster.Cluster`."""
+        """This process's `tfdist.process_setup.cluster.Cluster`."""
         return self.extended._cluster  # pylint: disable=protected-access

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from tfdist.aggregation.base import Aggregator
     from tfdist.comm.base import Communicator
     from tfdist.profiling.counters import CommunicationCounters
-    from tfdist.strategies.agreed_flags import AgreedFlags
-    from tfdist.strategies.preemption import PreemptionNotice
+    from tfdist.fault_tolerance.agreed_flags import AgreedFlags
+    from tfdist.fault_tolerance.preemption import PreemptionNotice
 
 
 @runtime_checkable
@@ -35,7 +35,7 @@ class StrategyExtended(Protocol):
     """`tfdist.profiling.counters.CommunicationCounters` of this process's steps."""
 
     agreed_flags: "AgreedFlags"
-    """`tfdist.strategies.agreed_flags.AgreedFlags`: flags (a preemption notice) that every
+    """`tfdist.fault_tolerance.agreed_flags.AgreedFlags`: flags (a preemption notice) that every
     rank sees after the same training step."""
 
     save_log: Optional[Any]
@@ -43,7 +43,7 @@ class StrategyExtended(Protocol):
     saving to paths of their own; None for one process."""
 
     preemption: "PreemptionNotice"
-    """`tfdist.strategies.preemption.PreemptionNotice` of this rank."""
+    """`tfdist.fault_tolerance.preemption.PreemptionNotice` of this rank."""
 
     @property
     def communicator(self) -> "Communicator":
@@ -75,6 +75,10 @@ class StrategyExtended(Protocol):
 
     def any_rank_each(self, flags: Sequence[bool], training: bool = False) -> list:
         """`any_rank` of each of several flags, in one exchange."""
+
+    def barrier(self, what: str) -> None:
+        """Every rank (worker) waits for the others, bounded by the job timeout; `what` names
+        the barrier in the timeout's message."""
 
     def check_same_data(self, num_batches: Optional[int], fingerprint: Optional[tuple] = None,
                         signature: Optional[Sequence[int]] = None) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfdist.strategies.checkpoint_files import write_atomically
+from tfdist.fault_tolerance.checkpoint_files import write_atomically
 
 _RANK_OWN = weakref.WeakKeyDictionary()  # optimizer -> its rank-own variables, in build order
 

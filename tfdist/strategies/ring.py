@@ -1,6 +1,7 @@
 """`RingAllReduceStrategy`: gradients summed with a ring all-reduce."""
 
-from tfdist import chief_log, engine_choice, runtime
+from tfdist import chief_log, runtime
+from tfdist.process_setup import engine_choice
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
@@ -14,7 +15,7 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     """(backend, why) for `backend`; why is None unless "auto" chose.
 
     "auto" is the fastest engine the job can run at buckets of `bucket_bytes`
-    (`tfdist.engine_choice`): Horovod on MPI or Gloo when its launcher gave
+    (`tfdist.process_setup.engine_choice`): Horovod on MPI or Gloo when its launcher gave
     Horovod the peers (mpirun, horovodrun, `tfdist-run --horovod`) and it is
     importable, otherwise TensorFlow's collectives.
     """
@@ -42,7 +43,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
         backend: "collective" (TensorFlow's collective ops over gRPC),
             "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun,
             mpirun or `tfdist-run --horovod`), or "auto": the fastest engine
-            the job can run by measured curves (`tfdist.engine_choice`:
+            the job can run by measured curves (`tfdist.process_setup.engine_choice`:
             Horovod on MPI or Gloo when the launcher set it up, else
             "collective"), said in one start-up line.
         fusion_threshold_bytes: largest gradient bucket, i.e. fused buffer

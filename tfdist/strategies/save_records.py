@@ -57,7 +57,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist.strategies import replica_consistency
-from tfdist.strategies.checkpoint_files import write_atomically
+from tfdist.fault_tolerance.checkpoint_files import write_atomically
 
 _FIRST_POLL_SECONDS = 0.02
 _LONGEST_POLL_SECONDS = 0.2

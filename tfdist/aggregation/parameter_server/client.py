@@ -3,6 +3,7 @@
 import math
 import sys
 import threading
+import time
 import weakref
 
 import tensorflow as tf
@@ -125,8 +126,11 @@ class ParameterServerAggregator(Aggregator):
             return None
         self._stop.set()
         lines = [tfdist_assertion(error)]  # the step's own check, as one line
+        # A call in flight fails ("Socket closed") as the dying server's connections drop,
+        # which may be a moment before its listening port refuses: probe for that moment.
+        patience = DROPPED_CALL_PROBE_SECONDS if "Socket closed" in str(error) else 0.0
         lines += [self._dead_server_line(client) for client in self.clients
-                  if connection_refused(client.address)]
+                  if _refused_within(client.address, patience)]
         return "\n".join(line for line in lines if line) or None
 
     def server_stats(self):
@@ -244,3 +248,18 @@ class ParameterServerAggregator(Aggregator):
             chief_log.info(True, "tfdist parameter server partition: %d %s values (%.3f MB) in %s",
                            flat.shape.num_elements(), flat.dtype.name, nbytes / 1e6,
                            plan.describe())
+
+
+DROPPED_CALL_PROBE_SECONDS = 5.0
+
+
+def _refused_within(address, seconds):
+    """`connection_refused(address)`, probed again for up to `seconds` (a process killed
+    mid-call closes its connections before its listening port)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if connection_refused(address):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)

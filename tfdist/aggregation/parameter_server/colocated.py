@@ -3,7 +3,7 @@
 Without dedicated servers (e.g. under horovodrun) every worker hosts one
 shard server, so K = P. It runs as a separate process, not a thread, so the
 server's functions never run beside this process's tracing of the training
-functions. The child dies with its parent (`tfdist.child_processes`).
+functions. The child dies with its parent (`tfdist.process_setup.child_processes`).
 
 `close()` waits for the server to finish - it stops once every worker said
 goodbye, and peers may still be pulling sums from it when this worker is
@@ -14,8 +14,9 @@ import os
 import subprocess
 import sys
 
+from tfdist.env_vars import Foreign
 from tfdist import env_vars
-from tfdist.child_processes import die_with_parent
+from tfdist.process_setup.child_processes import die_with_parent
 from tfdist.comm.ports import pick_ports
 
 
@@ -23,7 +24,7 @@ class ColocatedServer:
     """Start this worker's shard server; `addresses` are every worker's servers.
 
     Args:
-        cluster: this worker's `tfdist.cluster.Cluster`.
+        cluster: this worker's `tfdist.process_setup.cluster.Cluster`.
         communicator: the job's `tfdist.comm.base.Communicator` (to swap addresses).
     """
 
@@ -31,9 +32,10 @@ class ColocatedServer:
         host = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
         address = f"{host}:{pick_ports(1, host='')[0]}"
         name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
-        env = {k: v for k, v in os.environ.items() if not k.startswith((env_vars.PREFIX, "HOROVOD_"))}
-        env.update(TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-        env.pop("TF_CONFIG", None)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith((env_vars.PREFIX, "HOROVOD_"))}
+        env[Foreign.TF_CPP_MIN_LOG_LEVEL.name] = Foreign.TF_CPP_MIN_LOG_LEVEL.get(default="2")
+        env.pop(Foreign.TF_CONFIG.name, None)
         self.timeout = cluster.timeout
         self.process = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-m", "tfdist.server", "--address", address, "--name", name,

@@ -24,7 +24,7 @@ import sys
 
 from absl import logging
 
-from tfdist import cluster as cluster_lib
+from tfdist.process_setup import cluster as cluster_lib
 from tfdist.errors import ClusterError
 
 

@@ -12,25 +12,30 @@ each family in its own module:
 * `keras_internals`: the private Keras names, resolved under each supported
   version's spelling (the only module that imports `keras.src`);
 * `patch_points`: every attribute the families replace, declared with why
-  Keras has no hook there; they replace only through it;
+  Keras has no hook there, and every Keras method they override in a
+  subclass (`OVERRIDES`); they replace and subclass only through it;
 * `losses`: losses stay means over the rank's slice, each term over its own
   global denominator;
 * `optimizer`: the global gradient reaches `apply` before clipping, loss
   scaling's finite check and accumulation;
 * `metrics`: batch-level `Mean` updates are share-weighted;
-* `loop_flags`: the loop's stop flags are agreed by every rank;
 * `callbacks`: the multi-process policy of every callback list (chief-only
   writers, the step watchdog, the end-of-fit barrier, the asynchronous PS's
-  parameter refresh, TensorBoard profiling);
-* `backup`: `BackupAndRestore` writes and reads on the chief and resumes
-  every rank exactly at the next batch (`training_state`);
+  parameter refresh, TensorBoard profiling); a tfdist model's list becomes a
+  `callback_list.MultiProcessHooks` subclass: the loop's stop flags agreed
+  by every rank (`loop_flags`), the backup's hooks;
+* `backup`: the user's `BackupAndRestore` (subclassed, `DistributedBackup`)
+  writes and reads on the chief and resumes every rank exactly at the next
+  batch (`tfdist.fault_tolerance`);
 * `saving`: `Model.save` / `save_weights` on the chief, atomically;
 * `empty_slices`: in a custom loop, a model called on an empty slice runs on
-  a stand-in row, its outputs cut back to zero rows;
+  a stand-in row, its outputs cut back to zero rows (installed at the first
+  custom-loop step, not here);
 * `data`: building from the data's spec, `*_on_batch` slicing, generators
   without read-ahead, the epoch iterators recorded and compared across ranks.
 
-Besides those three, two modules patch nothing: `steps` (which Keras step a function is, and its
+Besides those, three modules patch nothing: `loop_flags` (the agreement,
+called by the callback list), `steps` (which Keras step a function is, and its
 logs) and `model_strategy` (what a model's strategy is: the API the
 callbacks layer uses). Nothing else in tfdist imports `keras.src` or touches
 a private Keras attribute.
@@ -45,8 +50,8 @@ nothing. Both are idempotent.
 import threading
 
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
-from tfdist.strategies.keras_patches import (backup, callbacks, data, empty_slices, loop_flags,
-                                             losses, metrics, optimizer, saving)
+from tfdist.strategies.keras_patches import (backup, callbacks, data, losses, metrics, optimizer,
+                                             saving)
 
 _installed = False
 _install_lock = threading.Lock()  # simulated ranks (threads) create their strategies at once
@@ -60,7 +65,6 @@ def install():
         if _installed:
             return
         # `compat` checked this Keras when it was imported, above
-        for family in (losses, data, optimizer, metrics, loop_flags, callbacks, backup, saving,
-                       empty_slices):
+        for family in (losses, data, optimizer, metrics, callbacks, backup, saving):
             family.install()
         _installed = True

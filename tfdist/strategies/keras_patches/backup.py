@@ -40,10 +40,11 @@ import weakref
 import keras
 from absl import logging
 
-from tfdist.strategies.keras_patches.backup_state import BackupState, keeps_rank_state
+from tfdist import errors
+from tfdist.fault_tolerance.backup_state import BackupState, keeps_rank_state
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
-from tfdist.strategies.preemption import PREEMPTED_EXIT_CODE
-from tfdist.strategies.training_state import clear_pending, pending, set_pending
+from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE
+from tfdist.fault_tolerance.training_state import clear_pending, pending, set_pending
 from tfdist.strategies.keras_patches.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
                                                               TFEpochIterator)
 from tfdist.strategies.keras_patches import patch_points
@@ -65,81 +66,71 @@ def _latest_fit_iterator():
     return reference() if reference is not None else None
 
 
-# ------------------------------------------------------------------------ writing
-def _track_position(callback):
-    """Keep `callback._tfdist_position` = (epoch in progress, its steps trained)."""
-    # pylint: disable=protected-access
-    callback._tfdist_position = (0, 0)
-    epoch_begin, batch_end, epoch_end = (callback.on_epoch_begin, callback.on_train_batch_end,
-                                         callback.on_epoch_end)
+# ------------------------------------------------------------------- the callback
+class DistributedBackup:
+    """Placed before the user's `BackupAndRestore` class (`prepare`): its writes, reads and
+    position go through the callback's `BackupState` (`_tfdist_state`).
 
-    def on_epoch_begin(epoch, logs=None):
-        callback._tfdist_position = (epoch, callback._tfdist_position[1]
-                                     if callback._tfdist_position[0] == epoch else 0)
-        epoch_begin(epoch, logs)
+    Keras' own methods run through `super()`: Keras reads the backup (on the
+    chief), decides when to save (`save_freq`) and deletes the directory at
+    the end (on the chief, after every rank removed its own file).
+    `_tfdist_position` is (epoch in progress, its steps trained).
+    """
 
-    def on_train_batch_end(batch, logs=None):
-        callback._tfdist_position = (callback._tfdist_position[0], batch + 1)
-        batch_end(batch, logs)
+    _tfdist_position = (0, 0)
 
-    def on_epoch_end(epoch, logs=None):
-        callback._tfdist_position = (epoch + 1, 0)
-        epoch_end(epoch, logs)
+    def on_train_begin(self, logs=None):
+        """The chief restores; every rank gets its weights and training state
+        (`BackupState.restore`), the fit resumes at the backup's position, and preemption
+        notices are taken from here to `on_train_end`."""
+        keeper = self._tfdist_state
+        self._tfdist_position = (0, 0)
+        state = keeper.restore(super().on_train_begin, logs)
+        if state is not None:
+            _resume(self, state, keeper.strategy)
+        keeper.strategy.extended.preemption.arm()
 
-    for name, hook in (("on_epoch_begin", on_epoch_begin),
-                       ("on_train_batch_end", on_train_batch_end), ("on_epoch_end", on_epoch_end)):
-        patch_points.replace_on_instance(callback, "BackupAndRestore", name, hook)
+    def on_epoch_begin(self, epoch, logs=None):
+        position = self._tfdist_position
+        self._tfdist_position = (epoch, position[1] if position[0] == epoch else 0)
+        super().on_epoch_begin(epoch, logs)
 
+    def on_train_batch_end(self, batch, logs=None):
+        self._tfdist_position = (self._tfdist_position[0], batch + 1)
+        super().on_train_batch_end(batch, logs)
 
-def _write_own_state_only(callback, strategy):
-    """A non-chief rank's `on_train_end`: only its own residual file is deleted (the chief
-    deletes the backup after the barrier, where ranks keep such files)."""
+    def on_epoch_end(self, epoch, logs=None):
+        self._tfdist_position = (epoch + 1, 0)
+        super().on_epoch_end(epoch, logs)
 
-    def on_train_end(logs=None):
-        callback._tfdist_state.remove()  # pylint: disable=protected-access
-        if keeps_rank_state(strategy):
-            _barrier(strategy, "before deleting the backup")
+    def _save_model(self):
+        """At Keras' save points and the agreed preemption step: the chief writes the backup,
+        another rank its own residuals (`BackupState.save`)."""
+        self._tfdist_state.save(*self._tfdist_position)
 
-    # assigned, not wrapped: the same on every call
-    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_end", on_train_end)
+    def _load_model(self):
+        """The chief's read: an unreadable backup is named (`BackupState.load`)."""
+        return self._tfdist_state.load(super()._load_model)
 
-
-def _barrier(strategy, what):
-    """Every rank waits for the others (bounded by the job timeout, naming `what`); the
-    asynchronous parameter server's workers meet on server 0, which stops waiting for a dead
-    one."""
-    if strategy.extended.remote_updates is not None:
-        strategy.extended.remote_updates.barrier()
-        return
-    communicator = strategy.extended.communicator
-    with communicator.expect_progress(f"the barrier {what}"):
-        communicator.barrier()
-
-
-def _delete_after_every_rank(callback, strategy):
-    """Where ranks keep their own state beside the backup, the chief deletes the backup
-    directory at the end of fit only after every rank has removed its file (a barrier)."""
-    end = callback.on_train_end
-
-    def after_every_rank(logs=None):
-        _barrier(strategy, "before deleting the backup")
-        end(logs)
-
-    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_end",
-                                     after_every_rank)
+    def on_train_end(self, logs=None):
+        """Notices are no longer taken. A non-chief rank removes only its own residual file;
+        where ranks keep such files, the chief deletes the directory after every rank did
+        (a barrier)."""
+        keeper = self._tfdist_state
+        strategy = keeper.strategy
+        strategy.extended.preemption.disarm()
+        own_files = strategy.world_size > 1 and keeps_rank_state(strategy)
+        if not strategy.is_chief:
+            keeper.remove()
+            if own_files:
+                strategy.extended.barrier("before deleting the backup")
+            return
+        if own_files:
+            strategy.extended.barrier("before deleting the backup")
+        super().on_train_end(logs)
 
 
 # ---------------------------------------------------------------------- restoring
-def _restore_and_resume(callback, restore, strategy, logs=None):
-    """`on_train_begin`: the chief restores; every rank gets its weights and training state
-    (`BackupState.restore`), and the fit resumes at the backup's position."""
-    # pylint: disable=protected-access
-    callback._tfdist_position = (0, 0)
-    state = callback._tfdist_state.restore(restore, logs)
-    if state is not None:
-        _resume(callback, state, strategy)
-
-
 def _resume(callback, state, strategy):
     """Continue at the backup's position (`_replay_to`), with its seed, metric and callbacks'
     state."""
@@ -169,7 +160,7 @@ def _resume(callback, state, strategy):
                                        f", written by {written_by} process(es)"), flush=True)
 
 
-def _apply_steering_state(callback_list):
+def apply_steering_state(callback_list):
     """After every callback's `on_train_begin` (which resets them): the backup's callbacks'
     state (`BackupState.apply`)."""
     model = getattr(callback_list, "model", None)
@@ -217,7 +208,7 @@ def _replay_to(epoch_iterator, enumerate_epoch, epoch, steps_done, state, model)
 _epochs_without_steps = weakref.WeakKeyDictionary()  # model -> resumed epoch with no step left
 
 
-def _epoch_logs(callback_list, epoch, logs=None):
+def epoch_logs(callback_list, epoch, logs=None):
     """A resumed epoch whose steps were all trained before the backup ran no step, so fit's
     epoch logs lack the loss and metrics: they are the metrics' (restored) results."""
     model = getattr(callback_list, "model", None)
@@ -251,24 +242,25 @@ def _preemption_of(callback_list):
     return (strategy, backups[0]) if backups else (None, None)
 
 
-def _before_train_batch(callback_list):
+def before_train_batch(callback_list):
     strategy = tfdist_strategy(getattr(callback_list, "model", None))
     if strategy is not None:  # a notice, or an epoch's weights fingerprint, joins the next step
         strategy.extended.agreed_flags.before_step()
 
 
-def _back_up_if_preempted(callback_list):
+def back_up_if_preempted(callback_list):
     """After a training step: if any rank had the preemption notice by it, every rank backs
-    up here (the step every rank agreed on), waits for the others and exits with 42."""
+    up here (the step every rank agreed on), waits for the others and raises
+    `errors.Preempted` (which `fit` turns into exit code 42, `data`)."""
     strategy, callback = _preemption_of(callback_list)
     if strategy is None or not strategy.extended.preemption.agreed():
         return
     started = time.monotonic()
-    if strategy.world_size > 1 and strategy.extended.remote_updates is not None:
-        _barrier(strategy, "before the preemption backup")  # async: every worker's last push in
+    if strategy.world_size > 1 and strategy.extended.asynchronous:
+        strategy.extended.barrier("before the preemption backup")  # every worker's last push in
     callback._save_model()  # pylint: disable=protected-access
     if strategy.world_size > 1:
-        _barrier(strategy, "after the preemption backup")
+        strategy.extended.barrier("after the preemption backup")
     strategy.extended.preemption.taken()
     epoch, steps_done = callback._tfdist_position  # pylint: disable=protected-access
     if strategy.is_chief:
@@ -276,54 +268,7 @@ def _back_up_if_preempted(callback_list):
               f"steps (optimizer step {int(callback.model.optimizer.iterations.numpy())}) in "
               f"{callback.backup_dir} ({time.monotonic() - started:.2f} s, every rank done); "
               f"every rank exits with code {PREEMPTED_EXIT_CODE}", flush=True)
-    raise SystemExit(PREEMPTED_EXIT_CODE)
-
-
-def _install_callback_list_hooks():
-    """The backup's state after every `on_train_begin`; a resumed epoch's logs; the
-    preemption notice's flag before each training step and its backup after."""
-    callback_list = keras.callbacks.CallbackList
-
-    def wrap(hook, before=None, after=None, logs_of=None):
-        original = getattr(callback_list, hook)
-
-        @functools.wraps(original)
-        def wrapped(self, *args, **kwargs):
-            if before is not None:
-                before(self)
-            if logs_of is not None:  # on_epoch_end(epoch, logs=None)
-                epoch = args[0] if args else kwargs.pop("epoch")
-                logs = args[1] if len(args) > 1 else kwargs.pop("logs", None)
-                args = (epoch, logs_of(self, epoch, logs))
-            result = original(self, *args, **kwargs)
-            if after is not None:
-                after(self)
-            return result
-
-        patch_points.replace("CallbackList", hook, wrapped)
-
-    wrap("on_train_begin", after=_apply_steering_state)
-    wrap("on_epoch_end", logs_of=_epoch_logs)
-    wrap("on_train_batch_begin", before=_before_train_batch)
-    wrap("on_train_batch_end", after=_back_up_if_preempted)
-
-
-def _armed_while_training(callback, strategy):
-    """Preemption notices are taken from this callback's `on_train_begin` (after the restore)
-    to its `on_train_end` (`preemption`)."""
-    begin, end = callback.on_train_begin, callback.on_train_end
-
-    def on_train_begin(logs=None):
-        begin(logs)
-        strategy.extended.preemption.arm()
-
-    def on_train_end(logs=None):
-        strategy.extended.preemption.disarm()
-        end(logs)
-
-    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_begin",
-                                     on_train_begin)
-    patch_points.replace_on_instance(callback, "BackupAndRestore", "on_train_end", on_train_end)
+    raise errors.Preempted(epoch, steps_done)
 
 
 def after_fit(model):
@@ -337,7 +282,8 @@ def after_fit(model):
 # ----------------------------------------------------------------- the callback list
 def prepare(callbacks, model):
     """The BackupAndRestore callbacks of a tfdist model's callback list get the policy above
-    (once per callback object, whichever lists it joins)."""
+    (once per callback object, whichever lists it joins): the callback's class becomes its
+    own class with `DistributedBackup` first."""
     strategy = tfdist_strategy(model)
     if strategy is None:
         return
@@ -346,30 +292,10 @@ def prepare(callbacks, model):
         if not isinstance(callback, keras.callbacks.BackupAndRestore):
             continue
         if getattr(callback, "_tfdist_state", None) is None:
-            _prepare(callback, strategy)
+            callback._tfdist_state = BackupState(callback, strategy)  # pylint: disable=protected-access
+            patch_points.adopt(callback, "BackupAndRestore", DistributedBackup)
         callback._tfdist_state.callbacks = callbacks  # pylint: disable=protected-access
-
-
-def _prepare(callback, strategy):
-    """Give `callback` its `BackupState` and the hooks that use it (once per callback)."""
-    # pylint: disable=protected-access
-    keeper = callback._tfdist_state = BackupState(callback, strategy)
-    _track_position(callback)
-    patch_points.replace_on_instance(
-        callback, "BackupAndRestore", "_save_model",
-        lambda *args, **kwargs: keeper.save(*callback._tfdist_position))
-    if strategy.is_chief:
-        keeper.name_unreadable_backups()
-        if strategy.world_size > 1 and keeps_rank_state(strategy):
-            _delete_after_every_rank(callback, strategy)
-    else:
-        _write_own_state_only(callback, strategy)
-    patch_points.replace_on_instance(
-        callback, "BackupAndRestore", "on_train_begin",
-        functools.partial(_restore_and_resume, callback, callback.on_train_begin, strategy))
-    _armed_while_training(callback, strategy)
 
 
 def install():
     _install_replay()
-    _install_callback_list_hooks()

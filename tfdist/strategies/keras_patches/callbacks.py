@@ -28,7 +28,8 @@ import keras
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
 from tfdist.strategies import replica_consistency
-from tfdist.strategies.keras_patches import backup, backup_state
+from tfdist.fault_tolerance import backup_state
+from tfdist.strategies.keras_patches import backup, callback_list
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)
 from tfdist.strategies.keras_patches import patch_points
@@ -260,5 +261,7 @@ def install():
             backup.prepare(callbacks, model)
         callback_list_init(self, callbacks, add_history=add_history,
                            add_progbar=add_progbar, model=model, **params)
+        if tfdist_strategy(model) is not None:
+            callback_list.adopt(self)
 
     patch_points.replace("keras.callbacks.CallbackList", "__init__", init)

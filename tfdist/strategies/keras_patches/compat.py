@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tfdist import __version__ as tfdist_version
 from tfdist import versions
-from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_patches import keras_internals, patch_points
 from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, BaseOptimizer,
                                                               GeneratorDataAdapter,
                                                               LossScaleOptimizer, TFEpochIterator,
@@ -167,6 +167,10 @@ def _keras_changes():
             and isinstance(vars(keras.callbacks.TensorBoard)["_train_writer"], property)
             and {"_should_trace", "_start_batch", "_stop_batch"}
             <= _names_used(keras.callbacks.TensorBoard._init_profile_batch)),
+        "the methods tfdist overrides (patch_points.OVERRIDES): CallbackList's hooks; "
+        "BackupAndRestore's hooks, _save_model(), _load_model()": lambda: all(
+            callable(getattr(patch_points.owner_class(point.owner), name, None))
+            for point in patch_points.OVERRIDES for name in point.names),
         "Callback's default hooks are marked _is_default (loop_flags)": lambda: all(
             getattr(getattr(keras.callbacks.Callback, hook), "_is_default", False)
             for hook in ("on_train_batch_end", "on_test_batch_end", "on_predict_batch_end",

@@ -17,6 +17,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tfdist import errors
+from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 from tfdist.strategies import call_arguments
 from tfdist.strategies.keras_patches import backup
 from tfdist.strategies.data_fingerprint import array_fingerprint
@@ -279,6 +281,8 @@ def _install_call_recording():
             stack.append(call_arguments.call_signature(_name, arguments))
             try:
                 return _original(self, *args, **kwargs)
+            except errors.Preempted:  # every rank backed up at the agreed step: a planned exit
+                raise SystemExit(PREEMPTED_EXIT_CODE) from None
             finally:
                 stack.pop()
                 if _name == "fit":

@@ -6,6 +6,11 @@ zero rows runs on one row of zeros and its outputs are cut back to zero rows
 (`empty_slice.call_on_rows`, which says why and what it guarantees). Layers
 called inside it are not wrapped again; Keras' own steps give their inputs a
 stand-in row before any layer sees them, so this patch does nothing there.
+
+Installed at the first custom-loop step a tfdist strategy traces (or runs
+eagerly), not with the other patches: a process that only calls `fit`, or
+uses no tfdist strategy, keeps Keras' `Layer.__call__`. Cost once installed:
+one thread-local read per layer call outside a custom-loop step.
 """
 
 import threading
@@ -17,10 +22,20 @@ from tfdist.strategies.keras_patches.keras_internals import get_keras_mask, set_
 from tfdist.strategies.keras_patches import patch_points
 
 _local = threading.local()
+_install_lock = threading.Lock()  # simulated ranks (threads) trace their first steps at once
+_installed = []
 
 
 def install():
-    """Route the outermost layer call of a custom loop's step through `call_on_rows`."""
+    """Route the outermost layer call of a custom loop's step through `call_on_rows` (once per
+    process; idempotent)."""
+    with _install_lock:
+        if not _installed:
+            _install()
+            _installed.append(True)
+
+
+def _install():
     layer_call = keras.layers.Layer.__call__
 
     def call_on_rows_in_custom_loops(self, *args, **kwargs):

@@ -7,6 +7,8 @@ step. So in a multi-process job the flags Keras' loops read
 after the callback list has run a hook after which the loop may read the
 flag, the flag becomes true on every rank if it is true on any, and is
 written back as the model's plain attribute, which the loop then reads.
+The callback list of a tfdist model calls these functions after its hooks
+(`callback_list`).
 
 Where the agreements happen (the *schedule*), decided once per loop:
 
@@ -34,7 +36,8 @@ such a callback exists.
 import keras
 
 from tfdist.strategies.keras_patches.model_strategy import agrees, tfdist_strategy
-from tfdist.strategies.keras_patches import patch_points
+
+EDGES, BATCHES = 0, 1  # where an agreement may be scheduled: the loop's and epochs' edges, batches
 
 _FLAGS = {"train": "stop_training", "test": "stop_evaluating", "predict": "stop_predicting"}
 _BATCH_HOOKS = {
@@ -64,7 +67,8 @@ def _strategy_of(callback_list):
     return strategy
 
 
-def _agree_schedule(callback_list, mode):
+def agree_schedule(callback_list, mode):
+    """At a loop's start: where this loop agrees its flag, the same on every rank."""
     strategy = _strategy_of(callback_list)
     schedule = (False, False)
     if strategy is not None:
@@ -73,8 +77,9 @@ def _agree_schedule(callback_list, mode):
     return schedule
 
 
-def _agree_flag(callback_list, mode, point):
-    """Agree the loop's flag after a hook, if the schedule (0: edges, 1: batches) says so."""
+def agree_flag(callback_list, mode, point):
+    """Agree the loop's flag after a hook, if the schedule says so at `point` (EDGES,
+    BATCHES)."""
     schedule = callback_list.__dict__.get("_tfdist_flag_schedule", {}).get(mode)
     strategy = _strategy_of(callback_list)
     if schedule is None or strategy is None or not schedule[point]:
@@ -82,30 +87,3 @@ def _agree_flag(callback_list, mode, point):
     model, name = callback_list.model, _FLAGS[mode]
     setattr(model, name, strategy.extended.any_rank(bool(getattr(model, name, False)),
                                                     training=mode == "train"))
-
-
-def install():
-    """Agree the flags after the `CallbackList` hooks the loops read them after."""
-    callback_list = keras.callbacks.CallbackList
-
-    def after(hook, mode, point, schedule_first=False):
-        original = getattr(callback_list, hook)
-
-        def run_then_agree(self, *args, **kwargs):
-            result = original(self, *args, **kwargs)
-            if schedule_first:
-                _agree_schedule(self, mode)
-            _agree_flag(self, mode, point)
-            return result
-
-        run_then_agree.__wrapped__ = original
-        patch_points.replace("CallbackList", hook, run_then_agree)
-
-    after("on_train_begin", "train", 0, schedule_first=True)
-    after("on_epoch_begin", "train", 0)
-    after("on_train_batch_end", "train", 1)
-    after("on_epoch_end", "train", 0)
-    after("on_test_begin", "test", 0, schedule_first=True)
-    after("on_test_batch_end", "test", 1)
-    after("on_predict_begin", "predict", 0, schedule_first=True)
-    after("on_predict_batch_end", "predict", 1)

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import _tf
+from tfdist.strategies.keras_patches import patch_points
 from tfdist.strategies.keras_patches.keras_internals import TFDatasetAdapter
 
 
@@ -40,8 +41,9 @@ def agrees_across_ranks(callback_class):
 
 
 def agrees(callback):
-    """True if `callback`'s exact class is marked `agrees_across_ranks`."""
-    return type(callback) in _AGREEING_CALLBACKS
+    """True if `callback`'s exact class is marked `agrees_across_ranks` (its class before tfdist
+    gave it tfdist's hooks, `patch_points.adopt`)."""
+    return patch_points.keras_class(callback) in _AGREEING_CALLBACKS
 
 
 def learning_rate_setting(optimizer):

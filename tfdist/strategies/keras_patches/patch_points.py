@@ -1,13 +1,18 @@
 """The Keras surface: every place tfdist replaces a Keras attribute, and why Keras has no hook.
 
-Each family module (`losses`, `optimizer`, ...) replaces attributes only
-through `replace` (a class or module attribute, once per process) or
-`replace_on_instance` (one object's attribute), and only at a point declared
-in `POINTS` with the reason Keras offers no override point there. So this
-list is the whole surface the next Keras can break, each entry is checked at
-import (`compat.check_keras`, through `keras_internals`) and
-tests/test_structure.py checks that no family assigns a Keras attribute any
-other way and that installing applies exactly the class-level points.
+Where Keras has an override point - a method its own code calls on an
+object tfdist can choose the class of (the fit's callback list, the user's
+`BackupAndRestore`) - tfdist subclasses: `adopt` gives that one object a
+class with tfdist's methods before Keras' (declared in `OVERRIDES`, Keras'
+methods called through `super()`). Elsewhere each family module (`losses`,
+`optimizer`, ...) replaces attributes only through `replace` (a class or
+module attribute, once per process) or `replace_on_instance` (one object's
+attribute), and only at a point declared in `POINTS` with the reason Keras
+offers no override point there. So these two lists are the whole surface the
+next Keras can break, each entry is checked at import (`compat.check_keras`,
+through `keras_internals`) and tests/test_structure.py checks that no family
+assigns a Keras attribute any other way and that installing applies exactly
+the class-level points.
 
 Every replacement calls the original for models (and callbacks, optimizers)
 outside a tfdist strategy: Keras is unchanged for them.
@@ -25,13 +30,15 @@ from tfdist.strategies.keras_patches import keras_internals
 @dataclasses.dataclass(frozen=True)
 class PatchPoint:
     """One replaced attribute: `owner` (a label of `_owners()`), its attribute `names`, the family
-    module that replaces it, whether per instance, and why Keras has no hook there."""
+    module that replaces it, why Keras has no hook there, whether per instance, and whether
+    on demand (replaced when the first step that needs it runs, not by `install()`)."""
 
     owner: str
     names: Tuple[str, ...]
     family: str
     why: str
     per_instance: bool = False
+    on_demand: bool = False
 
 
 POINTS = (
@@ -76,27 +83,12 @@ POINTS = (
     # backup
     PatchPoint("TFEpochIterator", ("_enumerate_iterator",), "backup",
                "a resume replays the input's consumption to the backed-up batch"),
-    PatchPoint("CallbackList", ("on_train_begin", "on_epoch_end", "on_train_batch_begin",
-                                "on_train_batch_end"), "backup",
-               "the steering callbacks' state after on_train_begin, the epoch's logs, the "
-               "preemption notice's flag before a training batch and the backup at the agreed "
-               "step after it ride the fit's callback calls; Keras has no per-batch hook "
-               "that runs before every callback"),
-    PatchPoint("BackupAndRestore", ("on_train_begin", "on_train_end", "on_epoch_begin",
-                                    "on_train_batch_end", "on_epoch_end", "_save_model",
-                                    "_load_model"), "backup",
-               "the backup is written and read on the chief with the training state, the "
-               "resume restores every rank at the next batch", per_instance=True),
-    # loop_flags
-    PatchPoint("CallbackList", ("on_train_begin", "on_epoch_begin", "on_train_batch_end",
-                                "on_epoch_end", "on_test_begin", "on_test_batch_end",
-                                "on_predict_begin", "on_predict_batch_end"), "loop_flags",
-               "the loops read stop_training / stop_evaluating / stop_predicting right after "
-               "these calls; every rank must read the same value"),
     # callbacks
     PatchPoint("keras.callbacks.CallbackList", ("__init__",), "callbacks",
                "the multi-process policy (chief-only writers, watchdog, consistency check, "
-               "profiling) applies to every callback list a fit builds"),
+               "profiling) applies to every callback list a fit builds, and a tfdist model's "
+               "list takes the hooks of OVERRIDES; Keras builds the list inside fit, with no "
+               "argument to choose its class"),
     # saving
     PatchPoint("keras.Model", ("save", "save_weights", "export", "load_weights"), "saving",
                "the chief writes atomically and every rank's own state goes beside; saving has "
@@ -107,12 +99,82 @@ POINTS = (
                "the same functions under keras.models"),
     # empty_slices
     PatchPoint("keras.layers.Layer", ("__call__",), "empty_slices",
-               "in a custom loop a model called on an empty slice must run on a stand-in row"),
+               "in a custom loop a model called on an empty slice must run on a stand-in row; "
+               "replaced at the first custom-loop step of a tfdist strategy, never by fit",
+               on_demand=True),
     # data (during the symbolic build only)
     PatchPoint("BaseOptimizer", ("assign", "assign_add", "assign_sub"), "data",
                "the optimizer built after the symbolic build drops its build-time assignments, "
                "as one process's first trace leaves them", per_instance=True),
 )
+
+
+
+@dataclasses.dataclass(frozen=True)
+class OverridePoint:
+    """Methods of a Keras class that tfdist overrides in a subclass placed before the class of
+    one object (`adopt`): Keras' own override point, called through `super()`."""
+
+    owner: str
+    names: Tuple[str, ...]
+    family: str
+    why: str
+
+
+OVERRIDES = (
+    OverridePoint("CallbackList", ("on_train_begin", "on_epoch_begin", "on_epoch_end",
+                                   "on_train_batch_begin", "on_train_batch_end", "on_test_begin",
+                                   "on_test_batch_end", "on_predict_begin",
+                                   "on_predict_batch_end"), "callback_list",
+                  "the loops read their stop flags right after these calls (agreed by every "
+                  "rank); the backup's callbacks' state after on_train_begin, a resumed "
+                  "epoch's logs, a preemption notice's flag before a training batch and the "
+                  "backup at the agreed step after it"),
+    OverridePoint("BackupAndRestore", ("on_train_begin", "on_train_end", "on_epoch_begin",
+                                       "on_train_batch_end", "on_epoch_end", "_save_model",
+                                       "_load_model"), "backup",
+                  "the backup is written and read on the chief with the training state, the "
+                  "resume restores every rank at the next batch"),
+)
+
+_adopted: Dict[Tuple[type, type], type] = {}
+
+
+def _override_point(owner: str) -> OverridePoint:
+    for point in OVERRIDES:
+        if point.owner == owner:
+            return point
+    raise RuntimeError(f"tfdist: {owner} is overridden but not declared in "
+                       "keras_patches/patch_points.OVERRIDES")
+
+
+def adopt(instance: Any, owner: str, overrides: type) -> None:
+    """Give `instance` (a `owner`, maybe a user's subclass) the methods of `overrides` first:
+    its class becomes `type(instance)` with `overrides` before it (one class per pair, same
+    name). `overrides` may define only the declared methods of `owner`."""
+    point = _override_point(owner)
+    defined = {name for name, value in vars(overrides).items()
+               if callable(value) and not name.startswith("__")}
+    if not defined <= set(point.names):
+        raise RuntimeError(f"tfdist: {overrides.__name__} overrides {sorted(defined - set(point.names))} "
+                           f"of {owner}, not declared in patch_points.OVERRIDES")
+    base = type(instance)
+    if not isinstance(instance, _owners()[owner]):
+        raise TypeError(f"tfdist: {base.__name__} is not a {owner}")
+    if issubclass(base, overrides):
+        return
+    key = (overrides, base)
+    if key not in _adopted:
+        _adopted[key] = type(base.__name__, (overrides, base),
+                             {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                              "_tfdist_keras_class": base})
+    instance.__class__ = _adopted[key]
+
+
+def keras_class(instance: Any) -> type:
+    """The class `instance` had before `adopt` (its own class if it was not adopted)."""
+    return getattr(type(instance), "_tfdist_keras_class", type(instance))
+
 
 _applied: Set[Tuple[str, str]] = set()
 
@@ -136,6 +198,11 @@ def _owners() -> Dict[str, Any]:
         "keras.models": keras.models,
         "keras.layers.Layer": keras.layers.Layer,
     }
+
+
+def owner_class(owner: str) -> Any:
+    """The class (or module) a declared point's `owner` label names."""
+    return _owners()[owner]
 
 
 def _declared(owner: str, name: str, per_instance: bool) -> PatchPoint:
@@ -174,6 +241,11 @@ def applied() -> Set[Tuple[str, str]]:
 
 
 def class_level() -> Set[Tuple[str, str]]:
-    """Every declared class-level point, as (owner, name)."""
-    return {(point.owner, name) for point in POINTS if not point.per_instance
-            for name in point.names}
+    """Every declared class-level point `install()` replaces, as (owner, name)."""
+    return {(point.owner, name) for point in POINTS
+            if not point.per_instance and not point.on_demand for name in point.names}
+
+
+def on_demand() -> Set[Tuple[str, str]]:
+    """The declared class-level points replaced when a step first needs them."""
+    return {(point.owner, name) for point in POINTS if point.on_demand for name in point.names}

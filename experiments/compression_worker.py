@@ -48,7 +48,7 @@ import sys
 import time
 
 # TensorFlow, Keras and tfdist are imported in the functions that use them: the driver
-# (`benchmarks.compression_training`) imports the tables below without starting TensorFlow.
+# (`experiments.compression_training`) imports the tables below without starting TensorFlow.
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 0

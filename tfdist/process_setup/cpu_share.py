@@ -36,6 +36,7 @@ float64 at 3 processes with one thread each equals one process to 1.8e-16.
 
 import os
 
+from tfdist.env_vars import Foreign
 from tfdist import chief_log, env_vars
 
 ENV_INTRA_OP_THREADS = env_vars.INTRA_OP_THREADS.name
@@ -63,7 +64,7 @@ def intra_op_threads(local_size, environ=None, usable=None, machine=None):
     environ = os.environ if environ is None else environ
     usable = usable_cpus() if usable is None else usable
     machine = machine_cpus() if machine is None else machine
-    chosen = environ.get(ENV_INTRA_OP_THREADS)
+    chosen = env_vars.INTRA_OP_THREADS.get(environ)
     if chosen is not None:
         try:
             threads = int(chosen)
@@ -72,7 +73,7 @@ def intra_op_threads(local_size, environ=None, usable=None, machine=None):
         if threads < 0:
             raise ValueError(f"{ENV_INTRA_OP_THREADS} must be an integer >= 0. Got: {chosen!r}")
         return threads or None
-    if local_size <= 1 or "TF_NUM_INTRAOP_THREADS" in environ or usable < machine:
+    if local_size <= 1 or Foreign.TF_NUM_INTRAOP_THREADS.is_set(environ) or usable < machine:
         return None
     return max(1, usable // local_size)
 

@@ -48,11 +48,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfdist import cluster as cluster_lib
+from tfdist.fault_tolerance.restarts import restart_count
 from tfdist.strategies import rank_state, save_records
-from tfdist.strategies.checkpoint_files import save_backup, write_atomically
-from tfdist.strategies.training_state import TrainingState, callback_key
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.fault_tolerance.checkpoint_files import save_backup, write_atomically
+from tfdist.fault_tolerance.training_state import TrainingState, callback_key
 
 # The callbacks whose state steers training or its checkpoints, and that state.
 STEERING_STATE = (
@@ -137,8 +136,8 @@ class BackupState:
             restored = tf.io.gfile.exists(self.callback._weights_path)
             keras_restore(logs)  # Keras' own: the weights, and the epoch into model._initial_epoch
             state = self._read_training_state() if restored else None
-            if not restored and cluster_lib.restart_count():
-                print(f"tfdist: restart {cluster_lib.restart_count()}: no backup in "
+            if not restored and restart_count():
+                print(f"tfdist: restart {restart_count()}: no backup in "
                       f"{self.callback.backup_dir}: training starts from the beginning",
                       flush=True)
         if self.strategy.world_size > 1:
@@ -179,27 +178,22 @@ class BackupState:
         with tf.io.gfile.GFile(path, "r") as f:
             return TrainingState.from_json(json.loads(f.read()).get("tfdist"))
 
-    def name_unreadable_backups(self) -> None:
-        """The chief's `_load_model`: an unreadable backup is named; Keras then falls back to
-        the previous one (`double_checkpoint=True`), or fails with what to do."""
+    def load(self, keras_load):
+        """The chief's read of the backup (`keras_load`: Keras' `_load_model`): an unreadable
+        backup is named; Keras then falls back to the previous one (`double_checkpoint=True`),
+        or fails with what to do."""
         # pylint: disable=protected-access
         callback = self.callback
-        load = callback._load_model
-
-        def load_model():
-            try:
-                return load()
-            except OSError as error:
-                if tf.io.gfile.exists(callback._prev_weights_path):
-                    print(f"tfdist: the backup in {callback.backup_dir} cannot be read ({error}): "
-                          "resuming from the previous one", flush=True)
-                    raise
-                raise OSError(f"tfdist: the backup in {callback.backup_dir} cannot be read "
-                              f"({error}), and there is no previous one to resume from "
-                              "(BackupAndRestore(double_checkpoint=True) keeps one)") from error
-
-        patch_points.replace_on_instance(callback, "BackupAndRestore", "_load_model",
-                                         load_model)
+        try:
+            return keras_load()
+        except OSError as error:
+            if tf.io.gfile.exists(callback._prev_weights_path):
+                print(f"tfdist: the backup in {callback.backup_dir} cannot be read ({error}): "
+                      "resuming from the previous one", flush=True)
+                raise
+            raise OSError(f"tfdist: the backup in {callback.backup_dir} cannot be read "
+                          f"({error}), and there is no previous one to resume from "
+                          "(BackupAndRestore(double_checkpoint=True) keeps one)") from error
 
     # ------------------------------------------------------------------ apply
     def apply(self, state: TrainingState, callbacks) -> None:

@@ -11,7 +11,7 @@ parameter-server processes an error-level "oneDNN supports DT_HALF only on
 platforms with AVX-512" that reports nothing wrong. None says anything about
 the user's job. `NoticeDropper` recognizes them, line by line; tfdist-run's
 output filter (`tfdist.launch.output_filter`) and the in-process filter of
-other launchers (`tfdist.quiet_output`) both use it.
+other launchers (`tfdist.process_setup.quiet_output`) both use it.
 """
 
 import re

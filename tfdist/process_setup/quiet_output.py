@@ -6,7 +6,7 @@ the job). Under mpirun, srun, horovodrun, Ray Train or a Kubernetes Job the
 launcher prints every rank's output as it comes, so each process keeps its own
 quiet:
 
-1. TensorFlow's start-up notices (`tfdist.startup_notices`) are printed on
+1. TensorFlow's start-up notices (`tfdist.process_setup.startup_notices`) are printed on
    stderr while TensorFlow is imported. When `tfdist` is imported before
    TensorFlow (`import tfdist` above `import keras`), `before_tensorflow`
    sets TF_CPP_MIN_LOG_LEVEL=1 (TensorFlow's info lines off, its warnings
@@ -40,12 +40,13 @@ import sys
 import tempfile
 import warnings
 
+from tfdist.env_vars import Foreign
 from tfdist import env_vars
-from tfdist.startup_notices import NoticeDropper
+from tfdist.process_setup.startup_notices import NoticeDropper
 
 LIBRARY_MODULES = r"(keras|tensorflow|tf_keras|numpy|absl|tfdist)(\.|$)"
 # Launchers whose output tfdist does not relay (tfdist-run filters its own).
-UNFILTERED_LAUNCHERS = ("horovodrun", "TF_CONFIG", "mpirun", "srun", "kubernetes")
+UNFILTERED_LAUNCHERS = ("horovodrun", Foreign.TF_CONFIG.name, "mpirun", "srun", "kubernetes")
 
 
 def verbose(environ=None):
@@ -53,7 +54,7 @@ def verbose(environ=None):
 
 
 def _unfiltered_job(environ):
-    from tfdist import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
+    from tfdist.process_setup import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
 
     try:
         spec = cluster_lib.discover(environ)
@@ -73,10 +74,10 @@ def before_tensorflow(environ=None, modules=None, meta_path=None):
     meta_path = sys.meta_path if meta_path is None else meta_path
     if "tensorflow" in modules or verbose(environ) or not _unfiltered_job(environ):
         return False
-    level_set = "TF_CPP_MIN_LOG_LEVEL" not in environ
+    level_set = not Foreign.TF_CPP_MIN_LOG_LEVEL.is_set(environ)
     if level_set:
-        environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
-    if environ["TF_CPP_MIN_LOG_LEVEL"] != "0" and not any(
+        environ[Foreign.TF_CPP_MIN_LOG_LEVEL.name] = "1"
+    if environ[Foreign.TF_CPP_MIN_LOG_LEVEL.name] != "0" and not any(
             isinstance(finder, NoticeFreeImport) for finder in meta_path):
         meta_path.insert(0, NoticeFreeImport("tensorflow", meta_path))
     return level_set

@@ -40,7 +40,8 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
-from tfdist import cluster as cluster_lib
+from tfdist.env_vars import Foreign
+from tfdist.process_setup import cluster as cluster_lib
 from tfdist import env_vars
 
 ENV_SHARE_GPUS = env_vars.SHARE_GPUS.name
@@ -76,7 +77,7 @@ def choose(cluster, physical: Sequence[str], visible: Sequence[str], runtime_sta
     """This process's `Placement` (see the module docstring).
 
     Args:
-        cluster: the process's `tfdist.cluster.Cluster`.
+        cluster: the process's `tfdist.process_setup.cluster.Cluster`.
         physical: names of the GPUs TensorFlow lists for this process (after
             `CUDA_VISIBLE_DEVICES`).
         visible: names of those the TensorFlow configuration leaves visible.
@@ -102,7 +103,7 @@ def choose(cluster, physical: Sequence[str], visible: Sequence[str], runtime_sta
         return Placement(index, False, f"local rank {cluster.local_rank}; TensorFlow started "
                                        f"before the strategy, so this process maps all "
                                        f"{len(visible)} GPUs")
-    cuda = environ.get("CUDA_VISIBLE_DEVICES")
+    cuda = Foreign.CUDA_VISIBLE_DEVICES.get(environ)
     if len(physical) == 1 and cuda is not None:
         return Placement(0, True, f"CUDA_VISIBLE_DEVICES={cuda} (set by the launcher)")
     here = training_processes_here(cluster)

@@ -1,6 +1,6 @@
 """Does `recommend(..., compression=True)` pick what the compression experiment measured?
 
-    python -m benchmarks.compression_recommend    # after benchmarks.compression_training
+    python -m experiments.compression_recommend    # after experiments.compression_training
 
 For every emulated cell of `results/compression_training.json` (link rate,
 P, model), the cost model is asked with what a user would know: the link's
@@ -20,7 +20,9 @@ Writes results/compression_recommend.json.
 import json
 import os
 
-from benchmarks.harness import RESULTS, write_result
+from benchmarks.harness import write_result
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 SOURCE = "compression_training.json"
 
@@ -36,7 +38,7 @@ def _compressors():
 
 
 def _model(name):
-    from benchmarks.compression_worker import MODELS  # pylint: disable=import-outside-toplevel
+    from experiments.compression_worker import MODELS  # pylint: disable=import-outside-toplevel
 
     _, build_model = MODELS[name][0]()
     return build_model()
@@ -111,7 +113,7 @@ def analyse(result):
 def main():
     with open(os.path.join(RESULTS, SOURCE), encoding="utf-8") as f:
         result = analyse(json.load(f))
-    write_result("compression_recommend.json", result)
+    write_result("compression_recommend.json", result, results=RESULTS)
     print(json.dumps(result["summary"]))
     for row in result["rows"]:
         print(row["network"], row["model"], "pick", row["recommend"], "lossy sooner:",

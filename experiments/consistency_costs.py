@@ -1,6 +1,6 @@
 """What issue 48's guarantees cost (one process, no launcher): eager lineage and weight checks.
 
-Usage: python -m benchmarks.consistency_costs [OUT.json]
+Usage: python -m experiments.consistency_costs [OUT.json]
 
 * **Eager lineage** (`tfdist.strategies.batch_dependence`): an eager step
   (`run_eagerly=True`, keras.io's text classifier: Embedding -> mean pooling

@@ -41,11 +41,9 @@ import sys
 import threading
 import weakref
 
-from tfdist import cluster as cluster_lib
 from tfdist import env_vars
-from tfdist.strategies.agreed_flags import PREEMPT
-
-PREEMPTED_EXIT_CODE = cluster_lib.PREEMPTED_EXIT_CODE
+from tfdist.fault_tolerance.agreed_flags import PREEMPT
+from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 ENV_PREEMPTION_SIGNAL = env_vars.PREEMPTION_SIGNAL.name
 
 _notices = weakref.WeakSet()  # every PreemptionNotice of this process (one per rank thread)
@@ -55,7 +53,7 @@ _install_lock = threading.Lock()
 
 def preemption_signal():
     """The signal that gives the notice (None: `TFDIST_PREEMPTION_SIGNAL=none`)."""
-    name = os.environ.get(ENV_PREEMPTION_SIGNAL, "SIGTERM").strip().upper()
+    name = env_vars.PREEMPTION_SIGNAL.get(default="SIGTERM").strip().upper()
     if name in ("", "NONE", "0"):
         return None
     if not name.startswith("SIG"):
@@ -64,7 +62,7 @@ def preemption_signal():
         return signal.Signals[name]
     except KeyError:
         raise ValueError(f"{ENV_PREEMPTION_SIGNAL} must name a signal (SIGTERM, SIGUSR1, ...) "
-                         f"or be 'none'. Got: {os.environ[ENV_PREEMPTION_SIGNAL]!r}") from None
+                         f"or be 'none'. Got: {env_vars.PREEMPTION_SIGNAL.get()!r}") from None
 
 
 class PreemptionNotice:

@@ -1,20 +1,20 @@
 """Gradient compression in real training (issue 25): time to a target accuracy per network.
 
-`tfdist-bench --only compression_training` - root only (network namespaces),
-never in the default run. It trains 48 cells at P = 4 (3 networks x 2
+`python -m experiments.compression_training` - root only (network
+namespaces); a one-off study, not part of `tfdist-bench`. It trains 48 cells at P = 4 (3 networks x 2
 models x 8 compressor settings, 50 s to 3 minutes each on a 2-core machine):
 about 70 minutes. `--processes 4,8` adds as many cells at P = 8, about
 2.5 minutes each (digits at 100 Mbit/s alone, 8 cells: 20 minutes).
 
-    python -m benchmarks.compression_training                         # everything (root)
-    python -m benchmarks.compression_training --networks loopback     # no root needed
-    python -m benchmarks.compression_training --networks 100 --models digits \\
+    python -m experiments.compression_training                         # everything (root)
+    python -m experiments.compression_training --networks loopback     # no root needed
+    python -m experiments.compression_training --networks 100 --models digits \\
         --compressors fp16,powersgd_r2 --processes 4,8
-    python -m benchmarks.compression_training --resume     # run only the cells not yet done
-    python -m benchmarks.compression_training --reanalyse  # analysis and plots again
+    python -m experiments.compression_training --resume     # run only the cells not yet done
+    python -m experiments.compression_training --reanalyse  # analysis and plots again
 
 Every cell (network, P, model, compressor) is one training job of
-`benchmarks/compression_worker.py`: the digits CNN or a small text model
+`experiments/compression_worker.py`: the digits CNN or a small text model
 with an Embedding, trained with `model.fit` under
 `RingAllReduceStrategy(backend="collective", compression=...)` for a fixed
 number of epochs, same seed, global batch and learning-rate schedule for
@@ -49,7 +49,7 @@ Each cell is trained once (no repeats): read differences of a few percent in
 time, and of one held-out example (digits: 0.28 points, text: 0.1 points)
 in accuracy, as noise.
 
-Measured (benchmarks/results/compression_training.json and the
+Measured (experiments/results/compression_training.json and the
 compression_training_P*.png plots; 2 cores, P = 4 on every network, P = 8
 for digits at 100 Mbit/s):
   * Training is deterministic: at one P, a compressor's held-out accuracy
@@ -94,11 +94,13 @@ import sys
 import threading
 import time
 
-from benchmarks.compression_worker import COMPRESSORS, MODELS
+from experiments.compression_worker import COMPRESSORS, MODELS
 from benchmarks.emulated_launch import PORT, _environment
-from benchmarks.harness import HERE, RESULTS, environment, write_result
+from benchmarks.harness import environment, write_result
 from benchmarks.plotting import pyplot, save
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")  # experiments/results/
 WORKER = os.path.join(HERE, "compression_worker.py")
 RESULT = "compression_training.json"
 NETWORKS = ("loopback", 1000, 100)  # loopback, then link rates in Mbit/s
@@ -216,8 +218,8 @@ def run(tmp, networks=NETWORKS, worlds=WORLDS, models=tuple(MODELS),
         try:
             check_available()
         except NetworkUnavailable as error:
-            raise SystemExit(f"tfdist-bench --only compression_training: {error} (or run "
-                             "`python -m benchmarks.compression_training --networks loopback`)"
+            raise SystemExit(f"experiments.compression_training: {error} (or run "
+                             "`python -m experiments.compression_training --networks loopback`)"
                              ) from None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # environment() imports TensorFlow
     runs = []
@@ -279,7 +281,7 @@ def _write(runs, links, env, start, complete, quiet=False):
         with open(os.path.join(RESULTS, RESULT), "w") as f:
             json.dump(result, f, indent=1)
         return result
-    return write_result(RESULT, result)
+    return write_result(RESULT, result, results=RESULTS)
 
 
 def _mb_per_step(run_):
@@ -418,7 +420,7 @@ def plot(result):
                 ax.grid(True, alpha=0.3)
                 ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
-        save(fig, f"compression_training_P{p}.png")
+        save(fig, f"compression_training_P{p}.png", results=RESULTS)
         plt.close(fig)
 
 
@@ -431,7 +433,7 @@ def reanalyse():
     for kept in ("description", "links", "complete", "minutes", "job_minutes", "environment",
                  "runs"):
         result[kept] = previous.get(kept)
-    result = write_result(RESULT, result)
+    result = write_result(RESULT, result, results=RESULTS)
     plot(result)
     return result
 
