@@ -31,7 +31,7 @@ def run(tmp_path, workers, servers, *options):
 @pytest.mark.parametrize("workers,servers,staleness,straggler", [
     pytest.param(1, 0, "none", -1, marks=pytest.mark.slow),  # one worker is one process
     (2, 0, "none", 1),   # Downpour, co-located servers, rank 1 slower
-    (3, 2, "1", 1),      # SSP, dedicated servers
+    pytest.param(3, 2, "1", 1, marks=pytest.mark.slow),  # SSP, dedicated servers
     # Lock-step (tau 0; make test-all: the gate's tau 0 is checked in-process,
     # test_async_store_in_process.py).
     pytest.param(3, 1, "0", 2, marks=pytest.mark.slow),
@@ -72,6 +72,7 @@ def test_async_trains_a_real_model_and_evaluates_the_servers_parameters(tmp_path
             np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_a_dead_worker_lets_the_others_finish_and_fails_the_job_at_the_end(tmp_path):
     """SSP with a dedicated server: the gate and the evaluate barrier stop waiting for it."""
     prefix = str(tmp_path / "async")
@@ -90,6 +91,7 @@ def test_a_dead_worker_lets_the_others_finish_and_fails_the_job_at_the_end(tmp_p
     assert survivors[0]["evaluate"] == survivors[1]["evaluate"]
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_a_notice_backs_up_the_servers_optimizer_state_and_the_rerun_continues_it(tmp_path):
     """SIGTERM to worker 1 of 2 (SSP, a dedicated server) mid-epoch: the flag rides its next
     push, worker 0 gets it with its next pull, both stop, the chief backs up the servers'

@@ -30,7 +30,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", [
     pytest.param("ring_collective", marks=pytest.mark.slow),  # make test: test_equivalence
-    pytest.param("ring_horovod", marks=pytest.mark.horovod),
+    pytest.param("ring_horovod", marks=[pytest.mark.horovod, pytest.mark.slow]),
     pytest.param("tree", marks=pytest.mark.slow),  # make test: test_tree
 ])
 def test_small_buckets_train_like_one_process(one_process_run, tmp_path, case):

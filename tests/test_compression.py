@@ -72,6 +72,7 @@ def test_the_monitor_reports_the_compressed_bytes_sent(ranks, name, most):
     assert np.all(sent < most * plain), (name, sent / plain)
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_the_compressors_run_on_horovod_as_on_tensorflow_collectives(ranks, tmp_path):
     """The same script under horovodrun (Gloo): the same losses as on TF collectives (the
     engines sum in different orders: float tolerance), identical weights on both ranks."""

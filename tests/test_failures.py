@@ -33,6 +33,7 @@ def test_survivors_detect_a_dead_peer_without_a_launcher():
     assert f"peer rank 1 ({addresses[1]})" in out0, out0[-3000:]
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_a_peer_that_exits_first_after_training_is_not_a_failure():
     result = tfdist_run(2, [script("failure_modes.py"), "late_exit"], timeout=200, run_timeout=60)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

@@ -61,6 +61,7 @@ def test_auto_backend_picks_horovod_under_horovodrun(reference, tmp_path):
         assert max_abs_difference(ranks[0], other) <= 1e-6
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_collective_backend_under_horovodrun_matches_one_process(reference, tmp_path):
     # TF collectives need worker addresses: exchanged through Horovod.
     done, ranks = train(horovodrun, 3, str(tmp_path / "run"), "--backend", "collective")
@@ -68,6 +69,7 @@ def test_collective_backend_under_horovodrun_matches_one_process(reference, tmp_
     assert max_abs_difference(reference, ranks[0]) <= TOLERANCE
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_tfdist_run_launches_the_horovod_backend_and_fp16_stays_close(reference, tmp_path):
     done, ranks = train(horovod_tfdist_run, 2, str(tmp_path / "run"),
                         "--backend", "horovod", "--compression", "fp16")
@@ -78,7 +80,7 @@ def test_tfdist_run_launches_the_horovod_backend_and_fp16_stays_close(reference,
     assert max_abs_difference(ranks[0], ranks[1]) <= 1e-6
 
 
-@pytest.mark.parametrize("backend", ["horovod", "collective"])
+@pytest.mark.parametrize("backend", ["horovod", pytest.param("collective", marks=pytest.mark.slow)])
 def test_fp16_compression_halves_the_bytes_on_the_wire(tmp_path, backend):
     out = tmp_path / "wire.json"
     worker = os.path.join(REPO, "benchmarks", "wire_bytes.py")  # also run by make bench
@@ -100,6 +102,7 @@ def test_collectives_keep_their_contract_on_both_engines(backend):
     assert "collectives contract ok" in done.stdout
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_dead_rank_under_horovodrun_fails_the_job(tmp_path):
     done = horovodrun(3, [script("failure_modes.py"), "crash", "2"], timeout=120,
                       run_timeout=30)

@@ -32,7 +32,7 @@ import pytest
 
 from helpers import assert_ranks_match_reference, max_abs_difference
 from tiers import (KERAS_PATTERNS_PROCESSES_ONLY, REAL_WORLD_CONVENTIONS, REAL_WORLD_IN_PROCESS,
-                   REAL_WORLD_PROCESSES_ONLY)
+                   REAL_WORLD_PROCESSES_ONLY, REAL_WORLD_TEST_ALL_ONLY)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 import failure_modes  # noqa: E402  pylint: disable=wrong-import-position
@@ -180,3 +180,12 @@ def test_integer_layer_state_that_diverges_is_a_clear_error(refusals):
     message = refusal(refusals, "counter")
     assert "int32 variable" in message and "rows_seen" in message, message
     assert "declares no aggregation" in message and "add_weight(..., aggregation=" in message
+
+
+def test_every_real_world_case_has_a_tier():
+    """Each real_world.py case runs in make test (in-process or as processes) or is named as
+    make test-all only: none falls out of both silently."""
+    tiers = (set(REAL_WORLD_IN_PROCESS), set(REAL_WORLD_PROCESSES_ONLY),
+             set(REAL_WORLD_TEST_ALL_ONLY))
+    assert set.union(*tiers) == set(real_world.CASES)
+    assert sum(len(t) for t in tiers) == len(real_world.CASES)  # disjoint

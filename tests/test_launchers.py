@@ -48,6 +48,7 @@ def test_mpirun_runs_the_horovod_backend_on_mpi(reference, tmp_path):
     assert_matches(reference, ranks)
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_mpirun_swaps_addresses_through_mpi_for_tf_collectives(reference, tmp_path):
     require_launcher("mpirun")
     output, ranks = train("mpirun", 3, str(tmp_path / "run"), "--backend", "collective")
@@ -71,6 +72,7 @@ def test_ray_train_tensorflow_trainer_matches_one_process(reference, tmp_path):
     assert_matches(reference, ranks)
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_mpirun_output_is_as_quiet_as_tfdist_run():
     # No TensorFlow start-up notice from any rank; Keras' warning once; the user's on each rank.
     # TFDIST_VERBOSE=1, the control: the same job prints both notices and warnings per rank.

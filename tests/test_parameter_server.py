@@ -31,7 +31,7 @@ def one_process(one_process_run):
 
 
 @pytest.mark.parametrize("workers,servers", [
-    (2, 0), (3, 1),  # 0: co-located, one server per worker
+    pytest.param(2, 0, marks=pytest.mark.slow), (3, 1),  # 0: co-located, one per worker
     pytest.param(4, 2, marks=pytest.mark.slow), pytest.param(2, 1, marks=pytest.mark.slow), pytest.param(3, 2, marks=pytest.mark.slow),
     pytest.param(4, 0, marks=pytest.mark.slow)])
 def test_ps_trains_like_one_process(one_process, tmp_path, workers, servers):
@@ -104,6 +104,7 @@ def test_dead_worker_fails_the_server_and_the_other_workers():
         outputs[0][-3000:]
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_servers_exit_cleanly_and_no_process_is_left_behind(tmp_path):
     marker = str(tmp_path)  # unique in the command lines of this test's processes
     done = tfdist_run(2, [script("failure_modes.py"), "train", "--strategy", "ps", "--tag", marker],

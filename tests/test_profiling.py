@@ -123,6 +123,7 @@ def test_ring_writes_tfdist_scalars_into_the_tensorboard_run_and_profiles_every_
     check_profiles(log_dir, "ring")
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_parameter_server_reports_its_load_per_server(tmp_path, one_process):
     ranks, log_dir, _ = run_job(tmp_path, "ps", launcher=["--num-servers", "2"])
     check_equivalent(ranks, one_process)
@@ -144,6 +145,7 @@ def test_tree_profiled_by_tfdist_run_gets_a_merged_timeline(tmp_path, one_proces
     check_profiles(profile_dir, "tree")
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_asynchronous_parameter_server_reports_staleness(tmp_path):
     ranks, log_dir, _ = run_job(tmp_path, "async", launcher=["--num-servers", "1"],
                                 profile_batch="0")
@@ -155,6 +157,7 @@ def test_asynchronous_parameter_server_reports_staleness(tmp_path):
 
 
 @pytest.mark.horovod
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_horovod_ring_writes_tfdist_scalars_and_horovods_timeline(tmp_path, one_process):
     ranks, log_dir, _ = run_job(tmp_path, "ring", launch=horovodrun,
                                 extra_env={"HOROVOD_TIMELINE": "DYNAMIC"})

@@ -60,6 +60,7 @@ def test_tree_trains_like_one_process(one_process, tmp_path, world):
         assert max_abs_difference(ranks[0], ranks[rank]) == 0.0
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_rank_dying_mid_reduction_fails_the_others_naming_it():
     """4 ranks, fanout 2: rank 1 is an inner node (parent of rank 3). When it dies, its
     parent (the root) and its child are both stuck in a transfer with it; each must fail

@@ -1,10 +1,16 @@
-"""Which cases of the case scripts each test tier runs, so that every case runs in `make test`.
+"""Which cases of the case scripts each test tier runs.
 
 The in-process Keras tier (test_keras_in_process.py, `make test-fast`)
 runs the cases that take seconds as simulated ranks (and the inputs the
 ranks must refuse alike, failure_modes.refusals); the multi-process suites
-(test_real_world.py, test_keras_patterns.py) run the rest on the real
-engines, and everything again in `make test-all`. Launches that differed
+(test_real_world.py, test_keras_patterns.py) run on the real engines the
+cases simulated ranks cannot run and the conventions that run in both;
+`make test-all` runs every case in both tiers. So that `make test` stays
+within its 20 minutes, the real-world cases that take longer than a few
+seconds as simulated ranks (`REAL_WORLD_TEST_ALL_ONLY`) run in `make
+test-all` only, and `make test` keeps one launch per launcher, strategy and
+failure kind (the other kill-matrix victims, the second parameter-server
+layout, Horovod's small buckets, ... are `slow`). Launches that differed
 only in a flag share one where the world size is the same: the small
 gradient buckets of test_buckets.py run in test_equivalence's 3 processes
 (TF collectives) and test_tree's 3 (the tree); `backend="auto"` under
@@ -33,3 +39,8 @@ REAL_WORLD_PROCESSES_ONLY = ("seeded_before_strategy", "reshuffled_dataset",
 # keras_patterns.py cases simulated ranks cannot run: Python's `random` shuffles a PyDataset
 # between threads; per-rank BatchNorm statistics only agree across ranks.
 KERAS_PATTERNS_PROCESSES_ONLY = ("pydataset", "pydataset_unseeded", "batchnorm_empty_slices")
+# real_world.py cases neither tier runs in make test (seconds-long as simulated ranks): make
+# test-all runs them in-process and as 2, 3 and 4 processes.
+REAL_WORLD_TEST_ALL_ONLY = ("layers_on_empty_slices", "save_then_load", "sequence_tagger",
+                            "transformer_classifier", "loss_reductions", "multi_input_predict",
+                            "metric_dtypes", "checkpoint_reload", "transfer_learning")
