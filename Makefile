@@ -32,10 +32,10 @@ demo: install  ## train a CNN on the bundled digits data with 2 processes
 typecheck: install  ## mypy on the declared interfaces (pyproject.toml [tool.mypy]), seconds
 	$(BIN)/python -m mypy
 
-test-fast: typecheck  ## the type check, then the in-process tier: no process launched, about 7 min
+test-fast: typecheck  ## the type check, then the in-process tier: no process launched, about 6 min
 	$(BIN)/python -m pytest -x -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
-test: test-fast  ## make test-fast, then the multi-process tests (loopback), about 33 min in all
+test: test-fast  ## make test-fast, then the multi-process tests (loopback), about 20 min in all
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
 
 test-compat:  ## the in-process tier and a 2-process equivalence on the lowest Keras and the pinned development build (constraints-compat.txt), each in its own venv

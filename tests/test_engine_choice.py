@@ -60,13 +60,13 @@ def test_the_fastest_available_engine_is_chosen_and_the_faster_ones_named(
         assert f"(measured {mpi}" in why and "faster" not in why
 
 
-@pytest.mark.parametrize("transport, backend", [(None, "collective"), ("gloo", "horovod"),
-                                                ("mpi", "horovod")])
-def test_resolve_backend_auto_follows_the_launcher(monkeypatch, transport, backend):
+@pytest.mark.parametrize("controller, backend", [(None, "collective"), ("gloo", "horovod"),
+                                                 ("mpi", "horovod")])
+def test_resolve_backend_auto_follows_the_launcher(monkeypatch, controller, backend):
     from tfdist import runtime  # pylint: disable=import-outside-toplevel
     from tfdist.strategies import ring  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(runtime, "horovod_transport", lambda: transport)
+    monkeypatch.setattr(runtime, "horovod_controller", lambda: controller)
     monkeypatch.setattr(ring, "horovod_available", lambda: True)
     chosen, why = ring.resolve_backend("auto", 4 * MiB)
     assert chosen == backend and why
@@ -77,13 +77,13 @@ def test_resolve_backend_auto_follows_the_launcher(monkeypatch, transport, backe
         ring.resolve_backend("nccl")
 
 
-@pytest.mark.parametrize("environ, transport", [
+@pytest.mark.parametrize("environ, controller", [
     ({}, None),
     ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "h"}, "gloo"),
     ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}, "mpi"),
     ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_CPU_OPERATIONS": "GLOO"}, "gloo"),
 ])
-def test_horovod_transport_from_the_launchers_environment(monkeypatch, environ, transport):
+def test_horovod_controller_from_the_launchers_environment(monkeypatch, environ, controller):
     from tfdist import runtime  # pylint: disable=import-outside-toplevel
 
     for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
@@ -92,4 +92,4 @@ def test_horovod_transport_from_the_launchers_environment(monkeypatch, environ, 
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(runtime, "cluster", lambda: type("C", (), {"launcher": "tfdist-run"}))
-    assert runtime.horovod_transport() == transport
+    assert runtime.horovod_controller() == controller

@@ -113,8 +113,9 @@ def launched_with_horovod() -> bool:
     return horovod_mpi_built()
 
 
-def horovod_transport() -> Optional[str]:
-    """The transport the launcher set up for Horovod: "gloo" (horovodrun, `tfdist-run
+def horovod_controller() -> Optional[str]:
+    """The controller the launcher set up for Horovod (Horovod's own word, HOROVOD_CONTROLLER):
+    "gloo" (horovodrun, `tfdist-run
     --horovod`: a Gloo rendezvous, or HOROVOD_CPU_OPERATIONS=gloo), "mpi" (mpirun with a
     Horovod built with MPI), or None when Horovod does not know this process's peers."""
     if not launched_with_horovod():

@@ -41,6 +41,7 @@ costs the broadcasts above.
 import io
 import json
 import os
+import weakref
 from typing import Any, Dict, List, Optional
 
 import keras
@@ -92,6 +93,8 @@ class BackupState:
         self.callback = callback
         self.strategy = strategy
         self.callbacks: List[Any] = [callback]  # the fit's callback list (`prepare`)
+        # EarlyStopping callback -> the best weights last written beside the backup
+        self._best_written: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
     @property
     def model(self):
@@ -228,7 +231,7 @@ class BackupState:
         # pylint: disable=protected-access
         for callback in _keeping_best_weights(self.callbacks):
             weights = callback.best_weights
-            if weights is None or weights is getattr(callback, "_tfdist_best_written", None):
+            if weights is None or weights is self._best_written.get(callback):
                 continue
             buffer = io.BytesIO()
             np.savez(buffer, *weights, best_epoch=np.asarray(callback.best_epoch))
@@ -241,7 +244,7 @@ class BackupState:
                 tf.io.gfile.makedirs(self.callback.backup_dir)
             write_atomically(write, self._best_weights_path(callback_key(callback,
                                                                          self.callbacks)))
-            callback._tfdist_best_written = weights
+            self._best_written[callback] = weights
 
     def _shared(self, weights):
         """The chief's `weights` (or None) on every rank."""

@@ -31,7 +31,6 @@ numbers for a usual model); a resume adds two broadcasts.
 """
 
 import json
-import weakref
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -175,19 +174,3 @@ class TrainingState:
         for callback in callbacks:
             for name, value in self.callbacks.get(callback_key(callback, callbacks), {}).items():
                 setattr(callback, name, value)
-
-
-_pending = weakref.WeakKeyDictionary()  # model -> the TrainingState its next fit resumes from
-
-
-def set_pending(model, state: TrainingState) -> None:
-    """`state` is what `model`'s current `fit` resumes from (read by the loop's hooks)."""
-    _pending[model] = state
-
-
-def pending(model) -> Optional[TrainingState]:
-    return _pending.get(model)
-
-
-def clear_pending(model) -> None:
-    _pending.pop(model, None)

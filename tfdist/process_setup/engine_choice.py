@@ -59,12 +59,12 @@ def relative_time(engine: str, nbytes: int) -> float:
     return curve[sizes[index]]
 
 
-def available_engines(launched_with_horovod: bool, horovod_transport: str) -> Tuple[str, ...]:
-    """The engines this job can run: the collectives always; Horovod's, on the transport
+def available_engines(launched_with_horovod: bool, horovod_controller: str) -> Tuple[str, ...]:
+    """The engines this job can run: the collectives always; Horovod's, on the controller
     ("mpi" or "gloo") its launcher set up, when the launcher gave Horovod its peers."""
     if not launched_with_horovod:
         return (COLLECTIVE,)
-    return (HOROVOD_MPI if horovod_transport == "mpi" else HOROVOD_GLOO, COLLECTIVE)
+    return (HOROVOD_MPI if horovod_controller == "mpi" else HOROVOD_GLOO, COLLECTIVE)
 
 
 def choose(available: Iterable[str], nbytes: int) -> Tuple[str, str]:

@@ -23,9 +23,9 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
         raise ValueError(f"backend must be one of {BACKENDS}. Got: {backend!r}")
     if backend != "auto":
         return backend, None
-    transport = runtime.horovod_transport() if horovod_available() else None
+    controller = runtime.horovod_controller() if horovod_available() else None
     engine, why = engine_choice.choose(
-        engine_choice.available_engines(transport is not None, transport or ""), bucket_bytes)
+        engine_choice.available_engines(controller is not None, controller or ""), bucket_bytes)
     return engine_choice.backend_of(engine), why
 
 
@@ -40,7 +40,9 @@ class RingAllReduceStrategy(DataParallelStrategy):
     2 (P - 1) alpha + 2 (P - 1) / P n beta (see `RingAllReduceAggregator`).
 
     Args:
-        backend: "collective" (TensorFlow's collective ops over gRPC),
+        backend: the engine that moves the bytes (the argument keeps Horovod's
+            and tf.distribute's word; tfdist calls it the engine throughout):
+            "collective" (TensorFlow's collective ops over gRPC),
             "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun,
             mpirun or `tfdist-run --horovod`), or "auto": the fastest engine
             the job can run by measured curves (`tfdist.process_setup.engine_choice`:

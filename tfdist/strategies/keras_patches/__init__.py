@@ -34,8 +34,9 @@ each family in its own module:
 * `data`: building from the data's spec, `*_on_batch` slicing, generators
   without read-ahead, the epoch iterators recorded and compared across ranks.
 
-Besides those, three modules patch nothing: `loop_flags` (the agreement,
-called by the callback list), `steps` (which Keras step a function is, and its
+Besides those, four modules patch nothing: `fit_session` (the one owner
+of a running fit's state: `LoopCall`), `loop_flags` (the agreement, called
+by the callback list), `steps` (which Keras step a function is, and its
 logs) and `model_strategy` (what a model's strategy is: the API the
 callbacks layer uses). Nothing else in tfdist imports `keras.src` or touches
 a private Keras attribute.

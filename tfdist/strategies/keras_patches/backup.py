@@ -33,9 +33,7 @@ resumes as Keras does, at its epoch's start.
 """
 
 import functools
-import threading
 import time
-import weakref
 
 import keras
 from absl import logging
@@ -44,26 +42,14 @@ from tfdist import errors
 from tfdist.fault_tolerance.backup_state import BackupState, keeps_rank_state
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE
-from tfdist.fault_tolerance.training_state import clear_pending, pending, set_pending
 from tfdist.strategies.keras_patches.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
                                                               TFEpochIterator)
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_patches import fit_session, patch_points
 
-_fit_iterators = threading.local()  # the epoch iterator of this thread's latest fit
 # Inputs made in Python: an epoch's order may come from Python's state as its batches are read
 # (Keras shuffles a PyDataset's batches with `random` when its generator starts), so a replay
 # reads their finished epochs too.
 _PYTHON_INPUTS = (GeneratorDataAdapter, PyDatasetAdapter)
-
-
-def record_fit_iterator(epoch_iterator):
-    """`data`'s epoch-iterator hook: the iterator `fit` just built (before `on_train_begin`)."""
-    _fit_iterators.latest = weakref.ref(epoch_iterator)
-
-
-def _latest_fit_iterator():
-    reference = getattr(_fit_iterators, "latest", None)
-    return reference() if reference is not None else None
 
 
 # ------------------------------------------------------------------- the callback
@@ -145,11 +131,10 @@ def _resume(callback, state, strategy):
     model._initial_epoch = position["epoch"] or None
     callback._tfdist_position = (position["epoch"], position["steps_done"])
     state.apply_random_state(model)
-    epoch_iterator = _latest_fit_iterator()
-    if epoch_iterator is not None:
-        epoch_iterator._tfdist_replay_to = (position["epoch"], position["steps_done"], state,
-                                            model)
-    set_pending(model, state)
+    call = fit_session.current_fit(model)
+    if call is not None:  # the fit's iterator replays the input to the backup; its callbacks
+        call.replay_to = (position["epoch"], position["steps_done"], state, model)
+        call.resume_state = state  # get the backup's state after every on_train_begin
     if strategy.extended.remote_updates is not None and state.servers is not None:
         strategy.extended.remote_updates.resume_servers_from(state.servers)
     if strategy.is_chief:
@@ -163,11 +148,11 @@ def _resume(callback, state, strategy):
 def apply_steering_state(callback_list):
     """After every callback's `on_train_begin` (which resets them): the backup's callbacks'
     state (`BackupState.apply`)."""
-    model = getattr(callback_list, "model", None)
-    state = pending(model) if model is not None else None
+    call = fit_session.current_fit(getattr(callback_list, "model", None))
+    state = call.resume_state if call is not None else None
     if state is None:
         return
-    clear_pending(model)
+    call.resume_state = None
     for callback in callback_list.callbacks:
         keeper = getattr(callback, "_tfdist_state", None)
         if isinstance(callback, keras.callbacks.BackupAndRestore) and keeper is not None:
@@ -201,20 +186,19 @@ def _replay_to(epoch_iterator, enumerate_epoch, epoch, steps_done, state, model)
             continue
         trained = True
         yield begin, end, iterator
-    if not trained:  # the backup was at the epoch's last step: its logs are the metrics'
-        _epochs_without_steps[model] = epoch
-
-
-_epochs_without_steps = weakref.WeakKeyDictionary()  # model -> resumed epoch with no step left
+    call = fit_session.current_fit(model)
+    if not trained and call is not None:  # the backup was at the epoch's last step: its
+        call.epoch_without_steps = epoch   # logs are the metrics' (`epoch_logs`)
 
 
 def epoch_logs(callback_list, epoch, logs=None):
     """A resumed epoch whose steps were all trained before the backup ran no step, so fit's
     epoch logs lack the loss and metrics: they are the metrics' (restored) results."""
     model = getattr(callback_list, "model", None)
-    if model is None or _epochs_without_steps.get(model) != epoch:
+    call = fit_session.current_fit(model) if model is not None else None
+    if call is None or call.epoch_without_steps != epoch:
         return logs
-    del _epochs_without_steps[model]
+    call.epoch_without_steps = None
     results = {name: float(value) for name, value in model.get_metrics_result().items()}
     return {**results, **(logs or {})}
 
@@ -224,9 +208,10 @@ def _install_replay():
 
     @functools.wraps(enumerate_epoch)
     def enumerate_from_the_backup(self):
-        replay = self.__dict__.pop("_tfdist_replay_to", None)
-        if replay is None:
+        call = fit_session.current_fit()
+        if call is None or call.fit_iterator is not self or call.replay_to is None:
             return enumerate_epoch(self)
+        replay, call.replay_to = call.replay_to, None
         return _replay_to(self, enumerate_epoch, *replay)
 
     patch_points.replace("TFEpochIterator", "_enumerate_iterator", enumerate_from_the_backup)

@@ -11,7 +11,6 @@ arguments of the call: `call_arguments`).
 import contextlib
 import functools
 import inspect
-import threading
 
 import keras
 import tensorflow as tf
@@ -20,13 +19,12 @@ from absl import logging
 from tfdist import errors
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 from tfdist.strategies import call_arguments
-from tfdist.strategies.keras_patches import backup
+from tfdist.strategies.keras_patches import backup, fit_session
 from tfdist.strategies.data_fingerprint import array_fingerprint
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, GeneratorDataAdapter,
                                                               TFEpochIterator)
-from tfdist.strategies.keras_patches.model_strategy import (is_tfdist_strategy, record_data_adapter,
-                                                            tfdist_strategy)
+from tfdist.strategies.keras_patches.model_strategy import is_tfdist_strategy, tfdist_strategy
 from tfdist.strategies.keras_patches import patch_points
 
 
@@ -63,7 +61,7 @@ def _install_build_without_peeking():
                     logging.log_first_n(logging.INFO, "tfdist: %s is built when its step is "
                                         "traced (%s)", 1, self.name, str(error).split(".")[0])
                     return
-            if getattr(iterator, "_tfdist_fit_iterator", False):
+            if fit_session.is_fit_iterator(iterator):
                 _build_optimizer_as_in_a_step(self)
 
     patch_points.replace("Trainer", "_maybe_symbolic_build", build_from_spec)
@@ -228,35 +226,22 @@ def install_data_recording():
 
     def iterator_init(self, distribute_strategy=None, *args, **kwargs):
         # Only fit's training iterator passes class_weight (checked by check_keras).
-        self._tfdist_fit_iterator = "class_weight" in kwargs
-        scope = (distribute_strategy.extended.epoch_data_scope("class_weight" in kwargs)
+        training = "class_weight" in kwargs
+        scope = (distribute_strategy.extended.epoch_data_scope(training)
                  if is_tfdist_strategy(distribute_strategy) else contextlib.nullcontext())
         with scope:
             epoch_iterator_init(self, distribute_strategy, *args, **kwargs)
-        record_data_adapter(self.data_adapter)
-        if self._tfdist_fit_iterator and is_tfdist_strategy(distribute_strategy):
-            backup.record_fit_iterator(self)  # a resume replays its data to the backup
+        fit_session.record_data_adapter(self.data_adapter)
+        call = fit_session.current()
+        if training and call is not None and call.name == "fit":
+            call.fit_iterator = self  # a resume replays its data to the backup
         if is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
             distribute_strategy.extended.check_same_data(
                 self.num_batches, _in_memory_fingerprint(self.data_adapter),
-                _current_call_signature())
+                call.signature if call is not None else None)
 
     patch_points.replace("TFEpochIterator", "__init__", iterator_init)
     _install_call_recording()
-
-
-_calls = threading.local()
-
-
-def in_keras_loop():
-    """True inside `fit`, `evaluate` or `predict` of a model under a tfdist strategy."""
-    return bool(getattr(_calls, "stack", None))
-
-
-def _current_call_signature():
-    """`call_arguments.call_signature` of the fit/evaluate/predict being run, or None."""
-    stack = getattr(_calls, "stack", None)
-    return stack[-1] if stack else None
 
 
 def _install_call_recording():
@@ -275,16 +260,13 @@ def _install_call_recording():
             bound.apply_defaults()
             arguments = dict(bound.arguments, steps_per_execution=self.steps_per_execution)
             arguments.pop("kwargs", None)
-            stack = getattr(_calls, "stack", None)
-            if stack is None:
-                stack = _calls.stack = []
-            stack.append(call_arguments.call_signature(_name, arguments))
             try:
-                return _original(self, *args, **kwargs)
+                with fit_session.running(self, _name,
+                                         call_arguments.call_signature(_name, arguments)):
+                    return _original(self, *args, **kwargs)
             except errors.Preempted:  # every rank backed up at the agreed step: a planned exit
                 raise SystemExit(PREEMPTED_EXIT_CODE) from None
             finally:
-                stack.pop()
                 if _name == "fit":
                     backup.after_fit(self)  # also when fit raised: preemption disarmed
 

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import _tf
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_patches import fit_session, patch_points
 from tfdist.strategies.keras_patches.keras_internals import TFDatasetAdapter
 
 
@@ -79,24 +79,15 @@ def in_multi_process_strategy():
     return is_tfdist_strategy(strategy) and strategy.world_size > 1
 
 
-_latest_data_adapter = None  # weak reference to the latest epoch iterator's data adapter
-
-
-def record_data_adapter(adapter):
-    """Remember the data adapter of the epoch iterator just built (`latest_data_batch_size`)."""
-    global _latest_data_adapter
-    _latest_data_adapter = weakref.ref(adapter)
-
-
 def latest_data_batch_size():
-    """Rows per batch of the data given to the latest fit/evaluate/predict, or None.
+    """Rows per batch of the data given to this thread's latest fit/evaluate/predict, or None.
 
     `fit` builds its training epoch iterator just before its callbacks'
     `on_train_begin`, so there it is the global batch size of the training
     data: the `batch_size` argument for arrays, the batch dimension for a
     batched `tf.data.Dataset` (read from the pipeline when not static).
     """
-    adapter = _latest_data_adapter() if _latest_data_adapter is not None else None
+    adapter = fit_session.latest_data_adapter()
     if adapter is None:
         return None
     size = adapter.batch_size
