@@ -28,10 +28,9 @@ def _docstrings(tree):
                 yield body[0].value
 
 
-def test_no_module_but_the_registry_spells_a_variable_name_in_code():
-    """Reading or setting a `TFDIST_*` variable goes through env_vars' declarations:
-    a string in code (docstrings aside) that holds one fails here."""
-    offenders = []
+def _code_strings_outside_the_registry():
+    """("path:line", value) of every string constant in the package's code (docstrings and
+    tfdist/env_vars.py aside)."""
     for path in _python_files():
         if os.path.basename(path) == "env_vars.py" and os.path.dirname(path) == PACKAGE:
             continue
@@ -40,8 +39,15 @@ def test_no_module_but_the_registry_spells_a_variable_name_in_code():
         docstrings = {id(node) for node in _docstrings(tree)}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and id(node) not in docstrings and "TFDIST_" in node.value):
-                offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}")
+                    and id(node) not in docstrings):
+                yield f"{os.path.relpath(path, ROOT)}:{node.lineno}", node.value
+
+
+def test_no_module_but_the_registry_spells_a_variable_name_in_code():
+    """Reading or setting a `TFDIST_*` variable goes through env_vars' declarations:
+    a string in code (docstrings aside) that holds one fails here."""
+    offenders = [f"{where}: {value!r}" for where, value in _code_strings_outside_the_registry()
+                 if "TFDIST_" in value]
     assert not offenders, "use tfdist.env_vars instead:\n" + "\n".join(offenders)
 
 
@@ -109,18 +115,8 @@ def test_other_tools_variables_are_read_through_the_registry():
     """A launcher's or TensorFlow's variable (HOROVOD_RANK, SLURM_PROCID, TF_CONFIG, ...) is
     declared in `env_vars.Foreign` and spelled nowhere else in the library's code."""
     foreign = {variable.name for variable in env_vars.FOREIGN_VARIABLES}
-    offenders = []
-    for path in _python_files():
-        if os.path.basename(path) == "env_vars.py" and os.path.dirname(path) == PACKAGE:
-            continue
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
-        docstrings = {id(node) for node in _docstrings(tree)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and id(node) not in docstrings
-                    and (node.value in foreign or FOREIGN_NAME.match(node.value))):
-                offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}")
+    offenders = [f"{where}: {value!r}" for where, value in _code_strings_outside_the_registry()
+                 if value in foreign or FOREIGN_NAME.match(value)]
     assert not offenders, "read through tfdist.env_vars.Foreign:\n" + "\n".join(offenders)
     assert all(not v.name.startswith(env_vars.PREFIX) for v in env_vars.FOREIGN_VARIABLES)
     assert len(foreign) == len(env_vars.FOREIGN_VARIABLES)
