@@ -41,6 +41,7 @@ def test_a_peer_that_exits_first_after_training_is_not_a_failure():
     assert "unreachable" not in result.stdout + result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_missing_peer_times_out_naming_it():
     procs, addresses = run_ranks_with_tf_config([0], 2, ["train"], timeout_s=8)
     out, _ = procs[0].communicate(timeout=200)

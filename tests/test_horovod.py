@@ -95,7 +95,7 @@ def test_fp16_compression_halves_the_bytes_on_the_wire(tmp_path, backend):
     assert result["fp16"]["max_abs_error"] <= 2e-3  # inputs in [0, 1), sums < 2: fp16 ulp
 
 
-@pytest.mark.parametrize("backend", ["horovod", "collective"])
+@pytest.mark.parametrize("backend", ["horovod", pytest.param("collective", marks=pytest.mark.slow)])
 def test_collectives_keep_their_contract_on_both_engines(backend):
     done = horovod_tfdist_run(3, [script("collectives_contract.py"), backend], timeout=300)
     assert done.returncode == 0, failure_report(done)

@@ -31,6 +31,9 @@ FLOAT16_CASES, FLOAT16_RTOL, FLOAT16_ATOL = ("mixed_precision",), 2e-3, 1e-3
 # batch statistics (docs/guarantees.md), and an unseeded run (its own random draws).
 RANK_AGREEMENT_ONLY = ("batchnorm_empty_slices", "pydataset_unseeded")
 SUBSET = "text_adam,multi_io_weights,clipping,mixed_precision,custom_low_level,predict_sequences"
+# make test's parameter-server launch: sparse gradients and sample/class weights (the rest of
+# SUBSET runs in-process on the ring and the tree, and on the PS in make test-all).
+PS_SUBSET = "text_adam,multi_io_weights"
 
 
 def pattern_names():
@@ -84,10 +87,11 @@ def test_ring_collective_three_processes(reference, tmp_path):
 
 
 def test_parameter_server_two_processes_without_onednn(reference, tmp_path):
-    """The subset, and the cases only processes can run (`tiers.py`: PyDataset shuffles
-    with Python's `random`, per-rank BatchNorm statistics), with TensorFlow's oneDNN kernels
-    forced off (`helpers.onednn`; real_world's ring forces them on)."""
-    cases = SUBSET.split(",") + list(KERAS_PATTERNS_PROCESSES_ONLY)
+    """Sparse gradients and weights, and the cases only processes can run (`tiers.py`:
+    PyDataset shuffles with Python's `random`, per-rank BatchNorm statistics), with
+    TensorFlow's oneDNN kernels forced off (`helpers.onednn`; real_world's ring forces them
+    on)."""
+    cases = PS_SUBSET.split(",") + list(KERAS_PATTERNS_PROCESSES_ONLY)
     ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=",".join(cases), extra_env=onednn("0"))
     assert len(assert_matches_one_process(reference, ranks)) == len(cases)
 

@@ -131,6 +131,7 @@ def test_parameter_server_reports_its_load_per_server(tmp_path, one_process):
     check_profiles(log_dir, "ps")
 
 
+@pytest.mark.slow  # make test-all (make test stays within 20 min: tests/tiers.py)
 def test_tree_profiled_by_tfdist_run_gets_a_merged_timeline(tmp_path, one_process):
     profile_dir = str(tmp_path / "profile")
     ranks, log_dir, done = run_job(
