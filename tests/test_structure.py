@@ -22,6 +22,7 @@ LAYERS = [
     ("tfdist.strategies", "tfdist.fault_tolerance", "tfdist.optimizers", "tfdist.profiling.report",
      "tfdist.profiling.rank_profiler"),
     ("tfdist.callbacks",),
+    ("tfdist.horovod",),
     ("tfdist.launch", "tfdist.server", "tfdist.profiling.timeline"),
 ]
 
@@ -262,10 +263,12 @@ def test_overrides_are_declared_and_keep_keras_signatures():
     BackupAndRestore override only declared Keras methods, with Keras' parameters."""
     import inspect  # pylint: disable=import-outside-toplevel
 
-    from tfdist.strategies.keras_patches import backup, callback_list, patch_points
+    from tfdist.strategies.keras_patches import (backup, callback_list, gradient_options,
+                                                 patch_points)
 
     for owner, overrides in (("CallbackList", callback_list.MultiProcessHooks),
-                             ("BackupAndRestore", backup.DistributedBackup)):
+                             ("BackupAndRestore", backup.DistributedBackup),
+                             ("BaseOptimizer", gradient_options.GradientOptions)):
         point = next(p for p in patch_points.OVERRIDES if p.owner == owner)
         defined = {name for name, value in vars(overrides).items()
                    if callable(value) and not name.startswith("__")}

@@ -6,7 +6,11 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 
 * `experimental_distribute_dataset` gives each process its slice of every
   global batch (`sharding.shard_global_batch`), of any size, as a plain
-  `tf.data` dataset (`local_input`: no `MultiDeviceIterator`).
+  `tf.data` dataset (`local_input`: no `MultiDeviceIterator`); with
+  `per_rank_input` (Horovod's semantics, `tfdist.horovod.keras`) each
+  process's data is its own and the global batch is every rank's batches
+  together: nothing is sliced, arrays are not compared across ranks,
+  predictions stay on their rank, and random state is each rank's own.
 * Each step computes its losses as means over its slice and weights what it
   contributes by its share of the global batch (`replica_step`); the
   optimizer receives the share-weighted sum of every rank's gradients,
@@ -76,12 +80,16 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     # worker's client): `asynchronous.AsynchronousExtended`.
     asynchronous = False
     remote_updates = None
+    _aggregator_built = False  # an optimizer built the aggregation hook's state
+    per_rank_input = False  # each rank's data is its own (Horovod's semantics); set in __init__
     communication_counters: CommunicationCounters  # set in __init__
     agreed_flags: AgreedFlags  # set in __init__
     preemption: PreemptionNotice  # set in __init__
     save_log: "save_records.JobSaveLog | None"  # set in __init__ and by the strategy
 
-    def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression):
+    def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression,
+                 per_rank_input=False):
+        self.per_rank_input = bool(per_rank_input)
         self._cluster = runtime.cluster()
         if self._cluster.is_server:
             raise ClusterError(
@@ -95,16 +103,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._one_process = self._cluster.world_size == 1
         # Dedicated parameter servers take part even with one worker.
         if self._one_process and not self._cluster.server_addresses:
-            self._aggregator = SingleProcessAggregator()
+            self._plain_aggregator = SingleProcessAggregator()
         else:
-            self._aggregator = runtime.close_at_exit(
-                with_compression(make_aggregator(self._communicator), compression))
+            self._plain_aggregator = runtime.close_at_exit(make_aggregator(self._communicator))
         self.communication_counters = CommunicationCounters(
-            self._cluster.rank, self._cluster.world_size, self._aggregator.num_servers)
-        if self._aggregator.communicates:
-            self._aggregator.counters = self.communication_counters
-        self._gradients = GlobalGradients(self._aggregator, self._communicator,
-                                          self.communication_counters)
+            self._cluster.rank, self._cluster.world_size, self._plain_aggregator.num_servers)
+        self._use_aggregator(with_compression(self._plain_aggregator, compression))
         self._local_state = LocalStateSync(self, self._cluster.rank,
                                            self._cluster.world_size)
         self._cluster_resolver = _cluster_resolver(self._cluster)
@@ -113,6 +117,31 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self.save_log = None  # the job's log of the chief's saves (several processes)
         self.preemption = PreemptionNotice(self.agreed_flags, self._cluster.rank,
                                            self._cluster.timeout)
+
+    def _use_aggregator(self, aggregator):
+        self._aggregator = aggregator
+        if aggregator.communicates:
+            aggregator.counters = self.communication_counters
+        self._gradients = GlobalGradients(aggregator, self._communicator,
+                                          self.communication_counters)
+
+    def set_compression(self, compression):
+        """Compress gradients on the wire with `compression` from now on (a name or a
+        `tfdist.compression` object; None: none): Horovod's `DistributedOptimizer(compression=...)`
+        chooses it after the strategy exists. Once an optimizer of this strategy was built, only
+        stateless compressions ("none", "fp16") may replace each other: a stateful one's error
+        feedback would be lost."""
+        aggregator = with_compression(self._plain_aggregator, compression)
+        stateless = {"none", "fp16"}
+        if self._aggregator_built and not {
+                self.compression_name, getattr(aggregator, "compression_name", "none")} <= stateless:
+            raise ValueError(
+                f"tfdist rank {self._cluster.rank}: the gradient compression can change only "
+                "before an optimizer of this strategy is built (create the optimizer, e.g. "
+                "hvd.DistributedOptimizer(..., compression=...), before compile and fit). "
+                f"Got: compression={compression!r} after training started with "
+                f"{self.compression_name!r}.")
+        self._use_aggregator(aggregator)
 
     @property
     def communicator(self):
@@ -132,6 +161,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def build_aggregator_state(self, optimizer, variables):
         """The hook's state for `variables`, as `optimizer`'s variables (`Aggregator.build`):
         created from rank 0's value, then each rank's own (never averaged across ranks)."""
+        self._aggregator_built = True
         before = {id(v) for v in optimizer.variables}
         with self._local_state.rank_own_variables():
             self._aggregator.build(optimizer, variables)
@@ -245,6 +275,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         which a one-device process does not create; they are ignored.
         """
         del options
+        if self.per_rank_input:  # each rank's data is its own (Horovod's semantics)
+            return dataset if isinstance(dataset, LocalSliceDataset) else LocalSliceDataset(dataset)
         if derives_from_local_slice(dataset):
             # Distributed already (a user's call before model.fit, perhaps mapped by Keras).
             return dataset if isinstance(dataset, LocalSliceDataset) else LocalSliceDataset(dataset)
@@ -295,6 +327,12 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                     "arguments: batch_size is the global batch, which tfdist splits across "
                     "the ranks.")
         known = [row[0] for row in every_rank if row[0] >= 0]
+        if len(set(known)) > 1 and self.per_rank_input:
+            raise ValueError(
+                f"tfdist rank {rank}: the ranks' data give different numbers of batches per "
+                f"epoch (by rank: {[row[0] for row in every_rank]}); every rank takes part in "
+                "every step. Pass steps_per_epoch (Horovod's scripts: N // hvd.size()) or give "
+                "every rank as many batches.")
         if len(set(known)) > 1:
             raise ValueError(
                 f"tfdist rank {rank}: the ranks were given different amounts of data (batches "
@@ -302,7 +340,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "full data set on every rank; tfdist gives each rank its slice of every global "
                 "batch.")
         fingerprinted = [(row[1], row[2]) for row in every_rank if row[1] >= 0]
-        if len(fingerprinted) == len(every_rank) and len(set(fingerprinted)) > 1:
+        if not self.per_rank_input and len(fingerprinted) == len(every_rank) and len(set(fingerprinted)) > 1:
             raise ValueError(
                 f"tfdist rank {rank}: the ranks were given different data (rows by rank: "
                 f"{[row[1] for row in every_rank]}; the arrays differ in content). Pass "
@@ -504,6 +542,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
 
     def _globalize_outputs(self, fn, model, outputs, step, summed_raw_logs):
         """Make a Keras step's outputs global: metric logs re-read, predictions gathered."""
+        if keras_steps.is_predict_step(fn) and self.per_rank_input:
+            return tf.nest.map_structure(lambda t: t[:step.local_rows], outputs)  # its own rows
         if keras_steps.is_predict_step(fn):
             with tf.name_scope(communication_scope("all_gather", "predictions")):
                 return tf.nest.map_structure(
@@ -556,6 +596,11 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
             name of `tfdist.aggregation.compressors.COMPRESSORS` ("fp16",
             "powersgd", "topk", "signsgd") or a `tfdist.compression` object
             (e.g. `tfdist.compression.TopK(ratio=0.001)`).
+        per_rank_input: each rank's data is its own (Horovod's semantics): `fit`'s
+            `batch_size` and a dataset's batches are per rank, the global batch is every
+            rank's together (weighted by rows, so equal to one process on the concatenated
+            batches), nothing is sliced, predictions stay on their rank. Default False:
+            every rank passes the same global data and takes its slice.
 
     Example:
 
@@ -572,18 +617,20 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     extended_class = DataParallelExtended  # what `strategy.extended` is
 
     def __init__(self, make_aggregator, engine="collective", engine_options=None,
-                 compression=None):
+                 compression=None, per_rank_input=False):
         keras_patches.install()
         extended = self.extended_class(self, make_aggregator, engine, engine_options or {},
-                                       compression)
+                                       compression, per_rank_input)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         if self.world_size > 1:
             keras_data.note_multi_process_strategy()
             install_private_checkpoint_writes()
             average_loss.install(lambda step: step.scaled_by_user)
-            # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
-            align_random_state(extended.communicator)
+            if not extended.per_rank_input:
+                # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every
+                # rank; per-rank input keeps each rank's own (Horovod's ranks shuffle apart).
+                align_random_state(extended.communicator)
             extended.save_log = save_records.JobSaveLog.agreed(extended.communicator)
         chief_log.info(
             self.is_chief,

@@ -28,6 +28,10 @@ class StrategyExtended(Protocol):
     asynchronous: bool
     """Training steps go to asynchronous parameter servers (workers not in step)."""
 
+    per_rank_input: bool
+    """Each rank's data is its own (Horovod's semantics); False: every rank passes the same
+    global data and takes its slice."""
+
     remote_updates: Optional[Any]
     """The asynchronous parameter-server client of the workers, or None (synchronous)."""
 
@@ -65,6 +69,10 @@ class StrategyExtended(Protocol):
     def push_gradients(self, optimizer: Any, gradients: Sequence[Any], variables: Sequence[Any],
                        weighted_in_loss: bool) -> Any:
         """Inside an asynchronous train step: send the gradients to the servers."""
+
+    def set_compression(self, compression: Any) -> None:
+        """Compress gradients on the wire with `compression` from now on (before an optimizer
+        of the strategy is built)."""
 
     def build_aggregator_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         """The hook's state for `variables`, as `optimizer`'s variables."""

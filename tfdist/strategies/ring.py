@@ -64,6 +64,10 @@ class RingAllReduceStrategy(DataParallelStrategy):
             "nccl" (as "auto": NCCL exists for GPU tensors only); see
             `tfdist.comm.tf_collective.collective_placement`. Process-wide:
             the communicator is shared by every strategy of the process.
+        per_rank_input: each rank feeds its own data (Horovod's semantics, what
+            `tfdist.horovod.keras` uses): batches are per rank, the global batch is
+            every rank's together; see `DataParallelStrategy`. Default False: the
+            same global data on every rank, sliced by tfdist.
 
     Example:
 
@@ -79,7 +83,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
 
     def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
                  compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
-                 implementation="auto"):
+                 implementation="auto", per_rank_input=False):
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts
@@ -89,6 +93,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
             lambda communicator: RingAllReduceAggregator(
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
+            per_rank_input=per_rank_input,
         )
         if why is not None:
             chief_log.info(self.is_chief, "tfdist RingAllReduceStrategy: backend 'auto': %s",

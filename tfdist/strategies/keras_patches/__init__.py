@@ -32,7 +32,11 @@ each family in its own module:
   a stand-in row, its outputs cut back to zero rows (installed at the first
   custom-loop step, not here);
 * `data`: building from the data's spec, `*_on_batch` slicing, generators
-  without read-ahead, the epoch iterators recorded and compared across ranks.
+  without read-ahead, the epoch iterators recorded and compared across ranks;
+* `compile_arguments`: Keras 2's `experimental_run_tf_function` accepted in a
+  Horovod-API model's `compile`;
+* `gradient_options` (one optimizer, on request of `tfdist.horovod.keras`):
+  a factor on its gradients and sparse gradients made dense.
 
 Besides those, four modules patch nothing: `fit_session` (the one owner
 of a running fit's state: `LoopCall`), `loop_flags` (the agreement, called
@@ -51,8 +55,8 @@ nothing. Both are idempotent.
 import threading
 
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
-from tfdist.strategies.keras_patches import (backup, callbacks, data, losses, metrics, optimizer,
-                                             saving)
+from tfdist.strategies.keras_patches import (backup, callbacks, compile_arguments, data, losses,
+                                             metrics, optimizer, saving)
 
 _installed = False
 _install_lock = threading.Lock()  # simulated ranks (threads) create their strategies at once
@@ -66,6 +70,7 @@ def install():
         if _installed:
             return
         # `compat` checked this Keras when it was imported, above
-        for family in (losses, data, optimizer, metrics, callbacks, backup, saving):
+        for family in (losses, data, optimizer, metrics, callbacks, backup, saving,
+                       compile_arguments):
             family.install()
         _installed = True

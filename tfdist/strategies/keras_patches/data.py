@@ -153,7 +153,8 @@ def _install_on_batch_sharding():
 
         def on_batch(self, *args, _original=original, **kwargs):
             strategy = tfdist_strategy(self)
-            if strategy is not None and strategy.world_size > 1:
+            if (strategy is not None and strategy.world_size > 1
+                    and not strategy.extended.per_rank_input):
                 slicer = lambda v: _rank_slice(v, strategy.rank, strategy.world_size)
                 args = keras.tree.map_structure(slicer, args)
                 kwargs = {key: (value if key in ("class_weight", "return_dict")

@@ -57,6 +57,9 @@ _tf_dataset_adapter = _module("keras.src.trainers.data_adapters.tf_dataset_adapt
 # (Keras 3.16 renamed it from TensorFlowTrainer to Trainer).
 Trainer = _attribute(_tf_trainer, "keras.src.backend.tensorflow.trainer",
                      "Trainer", "TensorFlowTrainer")
+# The backend-independent trainer, where `compile` is defined (Keras 3.16: BaseTrainer).
+BaseTrainer = _attribute(_module("keras.src.trainers.trainer"), "keras.src.trainers.trainer",
+                         "BaseTrainer", "Trainer")
 TFEpochIterator = _attribute(_tf_trainer, "keras.src.backend.tensorflow.trainer",
                              "TFEpochIterator")
 TFOptimizer = _attribute(_tf_optimizer, "keras.src.backend.tensorflow.optimizer", "TFOptimizer")

@@ -102,6 +102,12 @@ POINTS = (
                "in a custom loop a model called on an empty slice must run on a stand-in row; "
                "replaced at the first custom-loop step of a tfdist strategy, never by fit",
                on_demand=True),
+    # compile_arguments
+    PatchPoint("BaseTrainer", ("compile",), "compile_arguments",
+               "Horovod's scripts pass compile(experimental_run_tf_function=False), a Keras 2 "
+               "argument Keras 3's compile refuses; compile takes no extra arguments and no "
+               "hook sees them before the TypeError (replaced where Keras defines it: "
+               "compile_from_config treats a compile defined lower as a user's own)"),
     # data (during the symbolic build only)
     PatchPoint("BaseOptimizer", ("assign", "assign_add", "assign_sub"), "data",
                "the optimizer built after the symbolic build drops its build-time assignments, "
@@ -135,6 +141,10 @@ OVERRIDES = (
                                        "_load_model"), "backup",
                   "the backup is written and read on the chief with the training state, the "
                   "resume restores every rank at the next batch"),
+    OverridePoint("BaseOptimizer", ("apply",), "gradient_options",
+                  "Horovod's DistributedOptimizer options (op=Sum, summed accumulation, "
+                  "sparse_as_dense) change the gradients one optimizer applies, before tfdist "
+                  "makes them global in Keras' apply"),
 )
 
 _adopted: Dict[Tuple[type, type], type] = {}
@@ -188,6 +198,7 @@ def _owners() -> Dict[str, Any]:
         "LossScaleOptimizer": keras_internals.LossScaleOptimizer,
         "TFOptimizer": keras_internals.TFOptimizer,
         "Trainer": keras_internals.Trainer,
+        "BaseTrainer": keras_internals.BaseTrainer,
         "keras.Model": keras.Model,
         "GeneratorDataAdapter": keras_internals.GeneratorDataAdapter,
         "TFEpochIterator": keras_internals.TFEpochIterator,
