@@ -50,6 +50,7 @@ IN_PROCESS_FILES = {
     "test_aggregators_in_process.py", "test_async_store_in_process.py",
     "test_batch_dependence_in_process.py",
     "test_checkpoints_in_process.py", "test_cluster.py", "test_gpu_placement.py",
+    "test_horovod_api_units.py",
     "test_iterator_release.py",
     "test_keras_in_process.py", "test_simulation_in_process.py",
     "test_cost_model_units.py", "test_cpu_share.py", "test_engine_choice.py",

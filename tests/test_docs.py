@@ -26,6 +26,10 @@ CONTRACT = (
     "tfdist.callbacks.StalenessAwareLearningRate", "tfdist.callbacks.CommunicationMonitor",
     "tfdist.compression.FP16", "tfdist.compression.PowerSGD", "tfdist.compression.TopK",
     "tfdist.compression.SignSGD", "tfdist.aggregation.recommend.recommend",
+    "tfdist.horovod.process.init", "tfdist.horovod.optimizer.DistributedOptimizer",
+    "tfdist.horovod.keras.callbacks.BroadcastGlobalVariablesCallback",
+    "tfdist.horovod.keras.callbacks.MetricAverageCallback",
+    "tfdist.horovod.keras.callbacks.LearningRateWarmupCallback",
 )
 
 

@@ -1,7 +1,7 @@
 """A Horovod Keras script on `tfdist.horovod.keras`: per-rank shards, Horovod's optimizer and
 callbacks, saved for comparison with one process on the concatenated batches.
 
-Usage: python horovod_api.py PREFIX [--configs a,b] [--world-of-reference P]
+Usage: python horovod_api.py PREFIX [--configs a,b] [--world-of-reference P] [--uneven]
 
 Each rank r of P takes, from every global batch of GLOBAL_BATCH rows, its
 contiguous GLOBAL_BATCH / P rows (equal per-rank batches), and trains with
@@ -15,7 +15,6 @@ predictions, and the collectives' results.
 """
 
 import argparse
-import os
 
 import numpy as np
 
@@ -79,6 +78,8 @@ def run(name, args, results):
     x, y = data(kind)
     x, y = shard(x, rank, world), shard(y, rank, world)
     per_rank = GLOBAL_BATCH // world
+    if args.uneven and rank == world - 1:  # one batch fewer on the last rank
+        x, y = x[:-per_rank], y[:-per_rank]
     model = model_for(kind, keras)
     options = dict(options)
     if options.get("op") == "Sum":
@@ -123,6 +124,8 @@ def main():
     parser.add_argument("prefix")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--world-of-reference", type=int, default=2)
+    parser.add_argument("--uneven", action="store_true",
+                        help="the last rank gets one batch fewer (refused: a clear error)")
     args = parser.parse_args()
     hvd.init()
     results = {}
@@ -131,7 +134,6 @@ def main():
     collectives(results)
     np.savez(f"{args.prefix}.rank{hvd.rank()}.npz", **results)
     print(f"rank {hvd.rank()} of {hvd.size()}: done", flush=True)
-    os.sys.stdout.flush()
 
 
 if __name__ == "__main__":

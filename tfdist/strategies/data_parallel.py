@@ -324,8 +324,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 raise ValueError(
                     f"tfdist rank {rank}: the ranks passed different {name!r} (by rank: "
                     f"{values}). Every rank must call fit/evaluate/predict with the same "
-                    "arguments: batch_size is the global batch, which tfdist splits across "
-                    "the ranks.")
+                    "arguments" + (": each rank's batch_size is its own part of every step, "
+                                   "the same on every rank." if self.per_rank_input else
+                                   ": batch_size is the global batch, which tfdist splits "
+                                   "across the ranks."))
         known = [row[0] for row in every_rank if row[0] >= 0]
         if len(set(known)) > 1 and self.per_rank_input:
             raise ValueError(

@@ -7,13 +7,12 @@ times their average), `backward_passes_per_step=N` with
 where Keras' `gradient_accumulation_steps` applies their mean) and
 `sparse_as_dense` (an embedding's `IndexedSlices` travel as a dense
 tensor). `tfdist.horovod.keras` expresses them on one optimizer object with
-`apply_to`: the optimizer's class becomes its own class with `GradientOptions`
-before it (`patch_points.adopt`; same class name and module, so the model
-saves and loads as the plain optimizer), whose `apply` multiplies the
-rank's gradients by `factor` and densifies sparse ones, then calls Keras'
-`apply` - where tfdist makes them global. The global gradient is a
-weighted sum of the ranks', so scaling each rank's by `factor` scales the
-sum by exactly `factor`.
+`apply_to`: that object's `apply` (an attribute of the object: its class,
+config and saved form stay Keras' own) multiplies the rank's gradients by
+`factor` and densifies sparse ones, then calls its class's `apply` - where
+tfdist makes them global. The global gradient is a weighted sum of the
+ranks', so scaling each rank's by `factor` scales the sum by exactly
+`factor`.
 
 Cost: one multiplication per gradient when `factor` is not 1; a dense
 gradient of the embedding's full shape when `sparse_as_dense`.
@@ -24,34 +23,36 @@ import tensorflow as tf
 from tfdist.strategies.keras_patches import patch_points
 
 
-class GradientOptions:
-    """`apply` with this optimizer's gradient options first (see the module docstring)."""
-
-    _tfdist_gradient_factor = 1.0
-    _tfdist_sparse_as_dense = False
-
-    def apply(self, grads, trainable_variables=None):
-        factor = self._tfdist_gradient_factor
-        dense = self._tfdist_sparse_as_dense
-
-        def adjusted(gradient):
-            if gradient is None:
-                return None
-            if dense and isinstance(gradient, tf.IndexedSlices):
-                gradient = tf.convert_to_tensor(gradient)
-            if factor == 1.0:
-                return gradient
-            if isinstance(gradient, tf.IndexedSlices):
-                return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
-                                        gradient.indices, gradient.dense_shape)
-            return gradient * tf.cast(factor, gradient.dtype)
-
-        return super().apply([adjusted(g) for g in grads], trainable_variables)
+def _adjusted(gradient, factor, dense):
+    if gradient is None:
+        return None
+    if dense and isinstance(gradient, tf.IndexedSlices):
+        gradient = tf.convert_to_tensor(gradient)
+    if factor == 1.0:
+        return gradient
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
 
 
 def apply_to(optimizer, factor=1.0, sparse_as_dense=False):
-    """Give `optimizer` (a Keras optimizer, maybe a `LossScaleOptimizer`) these options."""
-    patch_points.adopt(optimizer, "BaseOptimizer", GradientOptions)
-    optimizer._tfdist_gradient_factor = float(factor)  # pylint: disable=protected-access
-    optimizer._tfdist_sparse_as_dense = bool(sparse_as_dense)  # pylint: disable=protected-access
+    """Give `optimizer` (a Keras optimizer, maybe a `LossScaleOptimizer`) these options; the
+    same object is returned. Called again, the new options replace the old."""
+    factor, dense = float(factor), bool(sparse_as_dense)
+    keras_apply = type(optimizer).apply
+
+    def apply(grads, trainable_variables=None):
+        return keras_apply(optimizer, [_adjusted(g, factor, dense) for g in grads],
+                           trainable_variables)
+
+    if factor != 1.0 or dense:
+        patch_points.replace_on_instance(optimizer, "BaseOptimizer", "apply", apply)
+    elif "apply" in vars(optimizer):
+        del optimizer.apply  # back to Keras' own
     return optimizer
+
+
+def options_of(optimizer):
+    """Whether `optimizer` has gradient options (its own `apply`)."""
+    return "apply" in vars(optimizer)

@@ -108,6 +108,13 @@ POINTS = (
                "argument Keras 3's compile refuses; compile takes no extra arguments and no "
                "hook sees them before the TypeError (replaced where Keras defines it: "
                "compile_from_config treats a compile defined lower as a user's own)"),
+    # gradient_options (one optimizer, on request of tfdist.horovod.keras)
+    PatchPoint("BaseOptimizer", ("apply",), "gradient_options",
+               "Horovod's DistributedOptimizer options (op=Sum, summed accumulation, "
+               "sparse_as_dense) change the gradients one optimizer applies before Keras' apply; "
+               "a subclass would change the optimizer's saved form (Keras serializes a class "
+               "by its public name), an attribute of the one object does not",
+               per_instance=True),
     # data (during the symbolic build only)
     PatchPoint("BaseOptimizer", ("assign", "assign_add", "assign_sub"), "data",
                "the optimizer built after the symbolic build drops its build-time assignments, "
@@ -141,10 +148,6 @@ OVERRIDES = (
                                        "_load_model"), "backup",
                   "the backup is written and read on the chief with the training state, the "
                   "resume restores every rank at the next batch"),
-    OverridePoint("BaseOptimizer", ("apply",), "gradient_options",
-                  "Horovod's DistributedOptimizer options (op=Sum, summed accumulation, "
-                  "sparse_as_dense) change the gradients one optimizer applies, before tfdist "
-                  "makes them global in Keras' apply"),
 )
 
 _adopted: Dict[Tuple[type, type], type] = {}
