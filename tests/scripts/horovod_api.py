@@ -1,7 +1,8 @@
 """A Horovod Keras script on `tfdist.horovod.keras`: per-rank shards, Horovod's optimizer and
 callbacks, saved for comparison with one process on the concatenated batches.
 
-Usage: python horovod_api.py PREFIX [--configs a,b] [--world-of-reference P] [--uneven]
+Usage: python horovod_api.py PREFIX [--configs a,b] [--world-of-reference P] [--no-ported]
+       [--uneven]
 
 Each rank r of P takes, from every global batch of GLOBAL_BATCH rows, its
 contiguous GLOBAL_BATCH / P rows (equal per-rank batches), and trains with
@@ -10,8 +11,9 @@ contiguous GLOBAL_BATCH / P rows (equal per-rank batches), and trains with
 whole data (`hvd.size() == 1`) is the reference: the same global batches.
 `--world-of-reference P` tells the reference which world it stands for
 (op=Sum multiplies the gradient by P: the reference multiplies its rate).
-Writes PREFIX.rank<r>.npz: weights, history, evaluate, this rank's
-predictions, and the collectives' results.
+Then Horovod's own Keras tests, ported (horovod_ported.py). Writes
+PREFIX.rank<r>.npz: weights, history, evaluate, this rank's predictions,
+the collectives' results and the ported tests that passed.
 """
 
 import argparse
@@ -124,6 +126,8 @@ def main():
     parser.add_argument("prefix")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--world-of-reference", type=int, default=2)
+    parser.add_argument("--no-ported", dest="ported", action="store_false",
+                        help="skip Horovod's ported Keras tests (horovod_ported.py)")
     parser.add_argument("--uneven", action="store_true",
                         help="the last rank gets one batch fewer (refused: a clear error)")
     args = parser.parse_args()
@@ -132,6 +136,10 @@ def main():
     for name in args.configs.split(","):
         run(name, args, results)
     collectives(results)
+    if args.ported:
+        import horovod_ported  # pylint: disable=import-outside-toplevel
+
+        results["ported"] = np.array(horovod_ported.run_all())
     np.savez(f"{args.prefix}.rank{hvd.rank()}.npz", **results)
     print(f"rank {hvd.rank()} of {hvd.size()}: done", flush=True)
 

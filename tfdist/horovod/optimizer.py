@@ -19,6 +19,10 @@ Horovod's arguments mapped onto it:
   (the update every N batches, with the mean of their global gradients;
   `average_aggregated_gradients=False`, Horovod's default, their sum);
 * `sparse_as_dense=True`: embedding gradients travel dense;
+* outside `fit` (a custom loop's `apply_gradients` in or out of a
+  `tf.function`, no `strategy.run`): the gradients are averaged over the
+  ranks through the strategy's gradient path before Keras applies them, as
+  Horovod's `apply_gradients` averages;
 * `gradient_predivide_factor`: Horovod splits the averaging before and after
   the sum; the sum here is exact, so the result is the same average (only
   `op=Average` takes it, as in Horovod);
@@ -78,7 +82,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         _accumulate(optimizer, backward_passes_per_step)
         if not average_aggregated_gradients:
             factor *= backward_passes_per_step
-    return gradient_options.apply_to(optimizer, factor=factor, sparse_as_dense=sparse_as_dense)
+    return gradient_options.apply_to(optimizer, factor=factor, sparse_as_dense=sparse_as_dense,
+                                     averaged_outside_steps=True)
 
 
 def _accumulate(optimizer, steps):

@@ -427,16 +427,24 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return contextlib.nullcontext()
 
     def _in_replica_context(self, fn, args, kwargs):
-        """`fn` in this process's replica context, numbered as MultiWorkerMirroredStrategy does.
+        """`fn` in this process's replica context (`replica_context`)."""
+        with self.replica_context():
+            return fn(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def replica_context(self):
+        """This process's replica context, numbered as MultiWorkerMirroredStrategy does.
 
         `tf.distribute.get_replica_context().replica_id_in_sync_group` is
         this process's rank (a custom loop may seed or shard by it); its
-        `all_reduce` is exact for uneven and empty slices (`cross_replica_sum`).
+        `all_reduce` is exact for uneven and empty slices (`cross_replica_sum`),
+        and outside a step sums over the ranks through the strategy's gradient
+        path (Keras' optimizer applied in a custom loop without `strategy.run`).
         """
         with tf.device(self._device), StepReplicaContext(
                 self._container_strategy(), self._cluster.rank,
                 sum_exactly(self._gradients.all_reduce)):
-            return fn(*args, **kwargs)
+            yield
 
     def _get_local_replica_id(self, replica_id_in_sync_group):
         del replica_id_in_sync_group

@@ -74,6 +74,10 @@ class StrategyExtended(Protocol):
         """Compress gradients on the wire with `compression` from now on (before an optimizer
         of the strategy is built)."""
 
+    def replica_context(self) -> contextlib.AbstractContextManager:
+        """This process's replica context (outside a step its `all_reduce` sums over the ranks
+        through the strategy's gradient path)."""
+
     def build_aggregator_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         """The hook's state for `variables`, as `optimizer`'s variables."""
 

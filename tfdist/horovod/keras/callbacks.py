@@ -4,8 +4,9 @@
   optimizer's variables take `root_rank`'s values when training begins
   (Horovod: after the first batch). tfdist already starts every variable
   from rank 0's value; this matters after a rank loaded weights alone, or
-  for another root. `local_variables` are left alone, as are tfdist's
-  per-rank aggregation state (error-feedback residuals).
+  for another root. `local_variables` are left alone (and become rank-own
+  state: not compared across ranks, saved per rank beside checkpoints), as
+  is tfdist's per-rank aggregation state (error-feedback residuals).
 * `MetricAverageCallback()`: each epoch's logs averaged over the ranks.
   tfdist's logged metrics are global already (identical on every rank,
   equal to one process), and stay exactly as they are; values a rank added
@@ -58,6 +59,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         elif not all(isinstance(v, (tf.Variable, keras.Variable)) for v in local_variables):
             raise ValueError("All local variables must be of tf.Variable type.")
         self.root_rank = root_rank
+        self._local_variables = list(local_variables)
         self._local = {id(v) for v in local_variables}
         self.broadcast_done = False
 
@@ -65,6 +67,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if self.broadcast_done:
             return
         optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and self._local_variables:
+            # Each rank's own by design: not compared across ranks, saved per rank.
+            known = {id(v) for v in rank_state.rank_own_variables(self.model)}
+            rank_state.remember(optimizer, [v for v in self._local_variables
+                                            if id(v) not in known])
         own = {id(v) for v in rank_state.rank_own_variables(self.model)}
         variables = list(self.model.variables)
         if optimizer is not None:
