@@ -231,10 +231,13 @@ class LearningRateController:
         terms = [t for t in terms if t is not None and t.params is term.params]
         strategy = model_strategy.tfdist_strategy(model)
         seen = _first_seen_rates.get(optimizer) or _FirstSeenRate(_current_rate(optimizer))
+        batch_size = model_strategy.latest_data_batch_size()
+        if batch_size is not None and strategy is not None and strategy.extended.per_rank_input:
+            batch_size *= strategy.world_size  # each rank's batch is its part of the step
         self._plan = RatePlan(
             terms, optimizer, seen.rate, term.params,
             world_size=strategy.world_size if strategy is not None else 1,
-            global_batch_size=model_strategy.latest_data_batch_size())
+            global_batch_size=batch_size)
         self._plan_params = term.params
         if self._plan.scaling is not None and self._plan.scaling.verbose and (
                 strategy is None or strategy.is_chief):
