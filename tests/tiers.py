@@ -14,7 +14,10 @@ layout, Horovod's small buckets, ... are `slow`). Launches that differed
 only in a flag share one where the world size is the same: the small
 gradient buckets of test_buckets.py run in test_equivalence's 3 processes
 (TF collectives) and test_tree's 3 (the tree); `backend="auto"` under
-horovodrun is the Horovod job of 2 processes.
+horovodrun is the Horovod job of 2 processes. `tfdist.horovod.keras` (test_horovod_api.py):
+one tfdist-run job of 2 processes in make test (its Horovod-semantics exactness, collectives
+and Horovod's ported Keras tests); horovodrun (Horovod's engine, 3 processes), mpirun, srun
+and the refusal of per-rank data of different lengths in make test-all.
 """
 
 # real_world.py cases the in-process tier runs in make test-fast (a few seconds each).
