@@ -87,6 +87,8 @@ def test_what_tfdist_cannot_do_is_refused_by_name():
         collectives.check_op("Average", (hvd.Average, hvd.Sum))
     with pytest.raises(RuntimeError, match="does not support eager execution"):
         hvd.broadcast_global_variables(0)
+    with pytest.raises(AttributeError, match="elastic API is not offered yet"):
+        hvd.elastic  # pylint: disable=pointless-statement
 
 
 def test_before_init_the_queries_raise_horovods_error():

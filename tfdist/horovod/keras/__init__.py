@@ -47,3 +47,20 @@ __all__ = [
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
     "remove_process_set", "rocm_built", "shutdown", "size",
 ]
+
+# Horovod names tfdist does not offer, and what to use instead.
+_NOT_OFFERED = {
+    "elastic": "Horovod's elastic API is not offered yet; tfdist-run --max-restarts N restarts "
+               "a failed job and keras.callbacks.BackupAndRestore resumes it exactly",
+    "start_timeline": "use tfdist's profiling (tfdist-run --profile, or a Keras TensorBoard "
+                      "callback with profile_batch): it records the engine's timeline",
+    "stop_timeline": "use tfdist's profiling (tfdist-run --profile)",
+    "PartialDistributedOptimizer": "per-rank (local) gradients are not offered: every "
+                                   "trainable variable is averaged over the ranks",
+}
+
+
+def __getattr__(name):
+    if name in _NOT_OFFERED:
+        raise AttributeError(f"tfdist.horovod.keras has no {name!r}: {_NOT_OFFERED[name]}.")
+    raise AttributeError(f"module 'tfdist.horovod.keras' has no attribute {name!r}")
