@@ -342,7 +342,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "full data set on every rank; tfdist gives each rank its slice of every global "
                 "batch.")
         fingerprinted = [(row[1], row[2]) for row in every_rank if row[1] >= 0]
-        if not self.per_rank_input and len(fingerprinted) == len(every_rank) and len(set(fingerprinted)) > 1:
+        if (not self.per_rank_input and len(fingerprinted) == len(every_rank)
+                and len(set(fingerprinted)) > 1):
             raise ValueError(
                 f"tfdist rank {rank}: the ranks were given different data (rows by rank: "
                 f"{[row[1] for row in every_rank]}; the arrays differ in content). Pass "
