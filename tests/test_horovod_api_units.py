@@ -136,7 +136,7 @@ def test_fp16_compression_travels_as_float16_and_comes_back():
     restored = hvd.Compression.fp16.decompress(compressed, context)
     assert restored.dtype == tf.float32
     np.testing.assert_allclose(restored.numpy(), [1.0, 2.5])
-    with pytest.raises(ValueError, match="Compression.none or"):
-        from tfdist.horovod.compression import tfdist_compression  # pylint: disable=import-outside-toplevel
+    from tfdist.horovod.compression import tfdist_compression  # pylint: disable=C0415
 
+    with pytest.raises(ValueError, match="Compression.none or"):
         tfdist_compression("bf16")

@@ -1,4 +1,4 @@
-"""Horovod's collectives (`allreduce`, `allgather`, `broadcast`, `reducescatter`) on tfdist's engine.
+"""Horovod's collectives (`allreduce`, `allgather`, `broadcast`, `reducescatter`) on tfdist.
 
 Each runs on the communicator of the strategy `init()` created (Horovod's
 ops or TensorFlow's collectives, whichever the job runs on), eagerly or

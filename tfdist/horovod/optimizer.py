@@ -44,7 +44,8 @@ from tfdist.horovod.compression import Compression, tfdist_compression
 from tfdist.strategies.keras_patches import gradient_options
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # pylint: disable=invalid-name
+# pylint: disable-next=invalid-name
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=collectives.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False,

@@ -56,7 +56,8 @@ def init(comm=None, process_sets=None):
     with _lock:
         if _strategy[0] is not None:
             return
-        from tfdist.strategies.ring import RingAllReduceStrategy  # pylint: disable=import-outside-toplevel
+        # pylint: disable-next=import-outside-toplevel
+        from tfdist.strategies.ring import RingAllReduceStrategy
 
         cluster = runtime.cluster()  # places the GPU before TensorFlow's runtime starts
         _every_gpu_grows()

@@ -133,8 +133,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         feedback would be lost."""
         aggregator = with_compression(self._plain_aggregator, compression)
         stateless = {"none", "fp16"}
-        if self._aggregator_built and not {
-                self.compression_name, getattr(aggregator, "compression_name", "none")} <= stateless:
+        names = {self.compression_name, getattr(aggregator, "compression_name", "none")}
+        if self._aggregator_built and not names <= stateless:
             raise ValueError(
                 f"tfdist rank {self._cluster.rank}: the gradient compression can change only "
                 "before an optimizer of this strategy is built (create the optimizer, e.g. "

@@ -11,9 +11,9 @@ tensor). `tfdist.horovod.keras` expresses them on one optimizer object with
 config and saved form stay Keras' own) multiplies the rank's gradients by
 `factor` and densifies sparse ones, then calls its class's `apply` - where
 tfdist makes them global inside a step; outside one (a custom loop's
-`apply_gradients`), on request, they are averaged over the ranks. The global gradient is a weighted sum of the
-ranks', so scaling each rank's by `factor` scales the sum by exactly
-`factor`.
+`apply_gradients`), on request, they are averaged over the ranks. The
+global gradient is a weighted sum of the ranks', so scaling each rank's by
+`factor` scales the sum by exactly `factor`.
 
 Cost: one multiplication per gradient when `factor` is not 1; a dense
 gradient of the embedding's full shape when `sparse_as_dense`.
