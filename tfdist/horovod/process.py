@@ -31,8 +31,9 @@ import threading
 
 import tensorflow as tf
 
-from tfdist import chief_log, env_vars, runtime
+from tfdist import chief_log, runtime
 from tfdist.env_vars import Foreign
+from tfdist.process_setup import gpu_placement
 
 _lock = threading.Lock()
 _strategy = [None]  # the strategy `init()` made TensorFlow's default
@@ -74,7 +75,7 @@ def init(comm=None, process_sets=None):
 
 def _every_gpu_grows():
     """Memory growth on every GPU this process sees (Horovod's scripts set it on each)."""
-    if (env_vars.GPU_PLACEMENT.get() or "").strip().lower() in ("off", "0", "none"):
+    if gpu_placement.turned_off():
         return
     from tfdist import _tf  # pylint: disable=import-outside-toplevel
 

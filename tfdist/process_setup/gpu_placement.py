@@ -119,10 +119,15 @@ def choose(cluster, physical: Sequence[str], visible: Sequence[str], runtime_sta
                                   f"process(es) on this host, {len(physical)} GPU(s){shared}")
 
 
+def turned_off() -> bool:
+    """`TFDIST_GPU_PLACEMENT=off` (or 0, none): TensorFlow's GPU visibility is left alone."""
+    return (env_vars.GPU_PLACEMENT.get() or "").strip().lower() in ("off", "0", "none")
+
+
 def place(cluster) -> Optional[Placement]:
     """Choose and apply this process's placement (before TensorFlow's runtime starts); print
     the start-up line. None when `TFDIST_GPU_PLACEMENT=off`."""
-    if (env_vars.GPU_PLACEMENT.get() or "").strip().lower() in ("off", "0", "none"):
+    if turned_off():
         return None
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 

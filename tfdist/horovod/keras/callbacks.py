@@ -1,7 +1,9 @@
 """Horovod's Keras callbacks, with Horovod's arguments and Horovod's formulas, on Keras 3.
 
-* `BroadcastGlobalVariablesCallback(root_rank)`: the model's and the
-  optimizer's variables take `root_rank`'s values when training begins
+* `BroadcastGlobalVariablesCallback(root_rank)`: the model's weights and the
+  optimizer's variables (what every rank must hold alike,
+  `replica_consistency.compared_variables`) take `root_rank`'s values when
+  training begins
   (Horovod: after the first batch). tfdist already starts every variable
   from rank 0's value; this matters after a rank loaded weights alone, or
   for another root. `local_variables` are left alone (and become rank-own
@@ -35,7 +37,7 @@ import tensorflow as tf
 
 from tfdist.callbacks.learning_rate_control import velocity_buffers
 from tfdist.horovod import collectives, process
-from tfdist.strategies import rank_state
+from tfdist.strategies import rank_state, replica_consistency
 from tfdist.strategies.keras_patches import model_strategy
 
 
@@ -72,17 +74,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             known = {id(v) for v in rank_state.rank_own_variables(self.model)}
             rank_state.remember(optimizer, [v for v in self._local_variables
                                             if id(v) not in known])
-        own = {id(v) for v in rank_state.rank_own_variables(self.model)}
-        variables = list(self.model.variables)
-        if optimizer is not None:
-            variables += list(optimizer.variables)
-        seen, chosen = set(), []
-        for variable in variables:
-            key = id(variable)
-            if key in seen or key in self._local or key in own:
-                continue
-            seen.add(key)
-            chosen.append(variable)
+        # What every rank must hold alike (the local variables are rank-own now).
+        chosen = [v for v in replica_consistency.compared_variables(self.model)
+                  if id(v) not in self._local]
         collectives.broadcast_variables(chosen, self.root_rank)
         self.broadcast_done = True
 
