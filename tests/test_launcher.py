@@ -176,3 +176,89 @@ def test_startup_noise_is_left_out_and_a_warning_shown_once_unless_verbose(tmp_p
                              text=True, timeout=120)
     assert verbose.stdout.count("UserWarning: the same on every rank") == 3, verbose.stdout
     assert verbose.stdout.count("oneDNN custom operations are on") == 3
+
+
+class _Elastic:
+    """An elastic tfdist-run of probe ranks (launcher_probe.py "elastic"), driven by a test:
+    the discovery script reads `slots`; each run's ranks print their environment and pid."""
+
+    def __init__(self, tmp_path, slots, launcher_args):
+        self.slots_file, self.done = tmp_path / "slots", tmp_path / "done"
+        self.set_slots(slots)
+        self.runs = []  # per run of the job: {rank: environment}
+        self.output = []
+        self.job = subprocess.Popen(
+            [sys.executable, "-m", "tfdist.launch", "--host-discovery-script",
+             f"cat {self.slots_file}"] + launcher_args
+            + [sys.executable, script("launcher_probe.py"), "elastic", str(self.done)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def set_slots(self, count):
+        self.slots_file.write_text(f"localhost:{count}\n")
+
+    def wait_for_run(self, size, ceiling=120.0):
+        """Read the output until a run of `size` ranks has started; its {rank: environment}."""
+        deadline = time.monotonic() + ceiling
+        current = {}
+        for line in self.job.stdout:
+            self.output.append(line)
+            if time.monotonic() > deadline:
+                break
+            if " {" not in line or not line.startswith("["):
+                continue
+            env = json.loads(line.split(" ", 1)[1])
+            if env["TFDIST_WORLD_SIZE"] != str(size):
+                continue
+            current[int(env["TFDIST_RANK"])] = env
+            if len(current) == size:
+                self.runs.append(current)
+                return current
+        raise AssertionError("".join(self.output)[-3000:])
+
+    def finish(self):
+        self.done.touch()
+        rest, _ = self.job.communicate(timeout=120)
+        self.output.append(rest)
+        return self.job.returncode, "".join(self.output)
+
+
+def test_an_elastic_job_shrinks_on_a_lost_rank_grows_and_shrinks_with_the_slots(tmp_path):
+    job = _Elastic(tmp_path, 3, ["-np", "3", "--min-np", "2", "--max-np", "4"])
+    try:
+        first = job.wait_for_run(3)
+        os.kill(first[1]["pid"], signal.SIGKILL)  # a lost process: the job goes on with 2
+        job.wait_for_run(2)
+        job.set_slots(4)  # more slots: a resize request, every rank backs up, 4 start
+        job.wait_for_run(4)
+        job.set_slots(1)  # fewer than --min-np: the job stops at an agreed step and waits
+        time.sleep(3)
+        job.set_slots(2)
+        last = job.wait_for_run(2)
+        code, output = job.finish()
+    finally:
+        job.job.kill()
+    assert code == 0, output[-3000:]
+    restarts = [run[0]["TFDIST_RESTART_COUNT"] for run in job.runs]
+    assert restarts == ["0", "1", "2", "4"] or restarts == ["0", "1", "2", "3"], output
+    assert len({run[0]["TFDIST_WORKER_ADDRESSES"] for run in job.runs}) == 4  # new ports
+    assert last[0]["TFDIST_ELASTIC_DIR"]
+    assert "resizing from 3 to 2 processes: rank 1 exited with code 137" in output, output
+    assert ("resizing from 2 to 4 processes: the discovery script reports 4 slot(s) instead of 3"
+            in output), output
+    assert "took tfdist-run's request to resize from 2 to 4 processes" in output
+    assert "fewer than --min-np 2 slots: waiting up to 600 s" in output, output
+    assert "resizing from 4 to 2 processes: the discovery script reports 2 slot(s)" in output
+
+
+def test_an_elastic_job_below_min_np_gives_up_after_the_elastic_timeout(tmp_path):
+    job = _Elastic(tmp_path, 2, ["-np", "2", "--elastic-timeout", "3"])
+    try:
+        job.wait_for_run(2)
+        job.set_slots(1)
+        rest, _ = job.job.communicate(timeout=120)
+    finally:
+        job.job.kill()
+    output = "".join(job.output) + rest
+    assert job.job.returncode == 1, output
+    assert ("fewer than --min-np 2 slots, for 3 s (--elastic-timeout): the job stops"
+            in output), output

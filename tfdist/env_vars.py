@@ -113,6 +113,29 @@ MAX_RESTARTS = _declare(
     "MAX_RESTARTS", "int", "0", YOU,
     "tfdist-run `--max-restarts`: restart the whole group up to N times after a failure or a "
     "preemption; the ranks resume from their BackupAndRestore backup.", _LAUNCH)
+MIN_NP = _declare(
+    "MIN_NP", "int", "-np", YOU,
+    "tfdist-run `--min-np` (Horovod's): the fewest processes an elastic job goes on with; "
+    "below it the job waits for slots (`--elastic-timeout`).", _LAUNCH)
+MAX_NP = _declare(
+    "MAX_NP", "int", "the slots (-np without a discovery script)", YOU,
+    "tfdist-run `--max-np` (Horovod's): the most processes an elastic job grows to.", _LAUNCH)
+HOST_DISCOVERY_SCRIPT = _declare(
+    "HOST_DISCOVERY_SCRIPT", "command", "", YOU,
+    "tfdist-run `--host-discovery-script` (Horovod's): prints `host:slots` lines, run every "
+    "second; a changed count resizes the job at an agreed step.", _LAUNCH)
+SLOTS_PER_HOST = _declare(
+    "SLOTS_PER_HOST", "int", "1", YOU,
+    "tfdist-run `--slots-per-host`: the slots of a discovered host printed without `:slots`.",
+    _LAUNCH)
+ELASTIC_TIMEOUT = _declare(
+    "ELASTIC_TIMEOUT", "float (seconds)", "600", YOU,
+    "tfdist-run `--elastic-timeout`: how long an elastic job waits for `--min-np` slots, or for "
+    "its ranks to take a resize request.", _LAUNCH)
+RESET_LIMIT = _declare(
+    "RESET_LIMIT", "int", "unbounded", YOU,
+    "tfdist-run `--reset-limit` (Horovod's): the most restarts of an elastic job (resizes "
+    "and failures).", _LAUNCH)
 PROFILE_DIR = _declare(
     "PROFILE_DIR", "path", "", f"{YOU}; {BY_LAUNCHER}",
     "tfdist-run `--profile DIR`: every rank profiles into DIR/rank_<r>, merged afterwards.",
@@ -139,8 +162,13 @@ ROLE = _declare("ROLE", "worker | server", "worker", BY_LAUNCHER,
 SERVER_INDEX = _declare("SERVER_INDEX", "int", "", BY_LAUNCHER,
                         "A dedicated server's index among the servers.", _PROCESS)
 RESTART_COUNT = _declare("RESTART_COUNT", "int", "0", BY_LAUNCHER,
-                         "0 on the first run, then 1, 2, ... per restart (`--max-restarts`).",
-                         _PROCESS)
+                         "0 on the first run, then 1, 2, ... per restart (`--max-restarts`, "
+                         "an elastic resize).", _PROCESS)
+ELASTIC_DIR = _declare(
+    "ELASTIC_DIR", "path", "", BY_LAUNCHER,
+    "An elastic tfdist-run's channel to its ranks: the resize request they take at an agreed "
+    "step, the chief's last backup position (`tfdist.fault_tolerance.elastic_channel`).",
+    _PROCESS)
 
 # ------------------------------------------------------------------- other launchers
 _CLUSTER = "Where peers are found (srun, Kubernetes, any launcher)"

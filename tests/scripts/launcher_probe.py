@@ -11,6 +11,9 @@ Behaviour by argument:
                    rank 1 exits with code 7 after 0.5 s and the others sleep 600 s; from the
                    N-th restart on every rank exits 0
   orphan PIDFILE   spawn a grandchild `sleep 600`, append its pid to PIDFILE, sleep 600 s
+  elastic DONE     print the TFDIST_* environment and the pid as JSON; then, as a rank of a
+                   fit with a backup would, exit 42 once an elastic tfdist-run requests a
+                   resize, or 0 once the file DONE exists (3 after 120 s)
 """
 
 import json
@@ -53,3 +56,18 @@ elif mode == "orphan":
     with open(sys.argv[2], "a") as f:
         f.write(f"{child.pid}\n{os.getpid()}\n")
     time.sleep(600)
+elif mode == "elastic":
+    from tfdist.fault_tolerance import elastic_channel
+
+    state = {k: v for k, v in os.environ.items() if k.startswith("TFDIST_")}
+    print(json.dumps(dict(state, pid=os.getpid())), flush=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        reason = elastic_channel.requested_resize()
+        if reason:
+            print(f"took {reason}", flush=True)
+            sys.exit(42)
+        if os.path.exists(sys.argv[2]):
+            sys.exit(0)
+        time.sleep(0.05)
+    sys.exit(3)

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfdist.fault_tolerance import elastic_channel
 from tfdist.fault_tolerance.restarts import restart_count
 from tfdist.strategies import rank_state, save_records
 from tfdist.fault_tolerance.checkpoint_files import save_backup, write_atomically
@@ -120,6 +121,7 @@ class BackupState:
             save_backup(self.model, (callback._weights_path, callback._training_metadata_path),
                         previous, {"epoch": epoch, "batch": callback._last_batch_seen,
                                    "tfdist": state.to_json()})
+        elastic_channel.record_backup(dict(state.position))  # an elastic launcher's resize line
 
     def remove(self) -> None:
         """End of fit, every rank: its own residual file (the chief's callback deletes the

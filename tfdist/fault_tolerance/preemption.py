@@ -28,7 +28,9 @@ have.
 The signal is `TFDIST_PREEMPTION_SIGNAL` (a name: SIGTERM by default,
 SIGUSR1, ...; "none": no handler). `watch(check, interval)` polls a callable
 instead (a cloud metadata endpoint, a file) and gives the notice when it
-returns True.
+returns True (or a reason). Under an elastic `tfdist-run` the first armed
+`fit` starts one such watcher on the launcher's resize request
+(`elastic_channel`): a resize is a notice the launcher gives every rank.
 
 Cost: nothing per step beyond the flag's float in the step's all-reduce
 (`agreed_flags`) and one read of the agreed flags after each training step
@@ -42,6 +44,7 @@ import threading
 import weakref
 
 from tfdist import env_vars
+from tfdist.fault_tolerance import elastic_channel
 from tfdist.fault_tolerance.agreed_flags import PREEMPT
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 ENV_PREEMPTION_SIGNAL = env_vars.PREEMPTION_SIGNAL.name
@@ -49,6 +52,7 @@ ENV_PREEMPTION_SIGNAL = env_vars.PREEMPTION_SIGNAL.name
 _notices = weakref.WeakSet()  # every PreemptionNotice of this process (one per rank thread)
 _installed = {}  # signal number -> the handler it had before tfdist's
 _install_lock = threading.Lock()
+_resize_watcher = []  # the thread watching an elastic launcher's resize request, once started
 
 
 def preemption_signal():
@@ -90,6 +94,7 @@ class PreemptionNotice:
         preemption_signal()  # a malformed TFDIST_PREEMPTION_SIGNAL is refused before training
         self.armed = True
         _update_handler()
+        _watch_resize_requests()
 
     def disarm(self):
         """The `fit` ended: the signal acts as it did before (a pending notice too)."""
@@ -181,16 +186,26 @@ def _update_handler():
             signal.signal(signum, _installed.pop(signum))
 
 
+def _watch_resize_requests():
+    """Under an elastic tfdist-run, watch its resize request (once per process)."""
+    with _install_lock:
+        if elastic_channel.directory() and not _resize_watcher:
+            _resize_watcher.append(watch(elastic_channel.requested_resize,
+                                         elastic_channel.POLL_SECONDS))
+
+
 def watch(check, interval=5.0):
-    """Poll `check()` every `interval` seconds on a daemon thread; when it returns True, give
-    every armed rank of this process the notice (e.g. a cloud metadata endpoint's answer).
-    Returns the thread."""
+    """Poll `check()` every `interval` seconds on a daemon thread; when it returns True (or a
+    reason, a string said with the notice), give every armed rank of this process the notice
+    (e.g. a cloud metadata endpoint's answer). Returns the thread."""
     def poll():
         stop = threading.Event()
         while not stop.wait(interval):
-            if check():
+            answer = check()
+            if answer:
+                reason = answer if isinstance(answer, str) else "a preemption notice from the watcher"
                 for notice in _armed_notices():
-                    notice.notice("a preemption notice from the watcher")
+                    notice.notice(reason)
 
     thread = threading.Thread(target=poll, name="tfdist-preemption-watcher", daemon=True)
     thread.start()

@@ -2,6 +2,8 @@
 
     tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--horovod]
                [--verbose] [--keep-going] [--max-restarts R]
+               [--min-np A] [--max-np B] [--host-discovery-script S] [--slots-per-host K]
+               [--elastic-timeout S] [--reset-limit R]
                [--profile DIR [--profile-steps A:B]]
                python train.py args...
 
@@ -19,7 +21,11 @@ resume from their `keras.callbacks.BackupAndRestore` backup, if the script
 has one, else from the beginning; a job the launcher itself was told to
 stop (SIGINT/SIGTERM) is not restarted: it ends with the ranks' code, 42
 when they backed up on the preemption notice the launcher relayed to them
-(`tfdist.fault_tolerance.preemption`). TensorFlow's start-up notices
+(`tfdist.fault_tolerance.preemption`). With `--min-np`, `--max-np` or
+`--host-discovery-script` (Horovod Elastic's flags and discovery format) the
+job is elastic: it goes on with fewer processes when one is lost and changes
+size at an agreed step when the discovered slots change
+(`tfdist.launch.elastic_job`). TensorFlow's start-up notices
 and repeated copies of a warning are left out of the output unless
 `--verbose` (`tfdist.launch.output_filter`). `--profile DIR` profiles
 training batches A..B on every rank into `DIR/rank_<k>` and, when the job
@@ -36,7 +42,7 @@ from tfdist import env_vars
 from tfdist.fault_tolerance import restarts
 from tfdist.process_setup import cluster as cluster_lib
 from tfdist.comm import ports as ports_lib
-from tfdist.launch import gloo_rendezvous_server, processes
+from tfdist.launch import elastic_job, gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
 from tfdist.profiling import names as profiling_names
 from tfdist.profiling import timeline
@@ -89,9 +95,41 @@ def build_parser():
     )
     parser.add_argument(
         "--max-restarts", type=int,
-        default=env_vars.MAX_RESTARTS.integer(default=0),
+        default=env_vars.MAX_RESTARTS.integer(),
         help="start a failed job again, all of it, up to this many times; the ranks resume "
-             f"from their BackupAndRestore backup (env {env_vars.MAX_RESTARTS}, default 0)")
+             f"from their BackupAndRestore backup (env {env_vars.MAX_RESTARTS}, default 0; "
+             "elastic: unbounded)")
+    elastic = parser.add_argument_group(
+        "elastic (Horovod Elastic's flags; any of them makes the job elastic)")
+    elastic.add_argument(
+        "--min-np", "--min-num-proc", dest="min_np", type=int,
+        default=env_vars.MIN_NP.integer(),
+        help="the fewest processes the job goes on with after a loss; below it, it waits for "
+             f"slots (env {env_vars.MIN_NP}, default -np)")
+    elastic.add_argument(
+        "--max-np", "--max-num-proc", dest="max_np", type=int,
+        default=env_vars.MAX_NP.integer(),
+        help="the most processes the job grows to when slots are discovered (env "
+             f"{env_vars.MAX_NP}; default: the slots, or -np without a discovery script)")
+    elastic.add_argument(
+        "--host-discovery-script", default=env_vars.HOST_DISCOVERY_SCRIPT.get(),
+        help="a command printing 'host:slots' lines (Horovod's format), run every second: a "
+             "changed count resizes the job at an agreed step; the processes run on this "
+             f"machine (env {env_vars.HOST_DISCOVERY_SCRIPT})")
+    elastic.add_argument(
+        "--slots-per-host", type=int, default=env_vars.SLOTS_PER_HOST.integer(default=1),
+        help="slots of a discovered host printed without ':slots' (env "
+             f"{env_vars.SLOTS_PER_HOST}, default 1)")
+    elastic.add_argument(
+        "--elastic-timeout", type=float,
+        default=float(env_vars.ELASTIC_TIMEOUT.get(
+            default=str(elastic_job.DEFAULT_ELASTIC_TIMEOUT_SECONDS))),
+        help="seconds to wait for --min-np slots, or for the ranks to take a resize request "
+             f"(env {env_vars.ELASTIC_TIMEOUT}, default 600)")
+    elastic.add_argument(
+        "--reset-limit", type=int, default=env_vars.RESET_LIMIT.integer(),
+        help="the most restarts of an elastic job, resizes and failures (env "
+             f"{env_vars.RESET_LIMIT}, default unbounded)")
     parser.add_argument(
         "--profile", metavar="DIR", default=env_vars.PROFILE_DIR.get(),
         help="profile every rank's training batches --profile-steps with TensorFlow's profiler "
@@ -115,8 +153,9 @@ def validate(args, parser):
         parser.error(f"--num-servers must be >= 0. Got: {args.num_servers}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive. Got: {args.timeout}")
-    if args.max_restarts < 0:
+    if args.max_restarts is not None and args.max_restarts < 0:
         parser.error(f"--max-restarts must be >= 0. Got: {args.max_restarts}")
+    validate_elastic(args, parser)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -125,6 +164,31 @@ def validate(args, parser):
         profiling_names.parse_profile_steps(args.profile_steps)
     except ValueError as error:
         parser.error(f"--profile-steps: {error}")
+
+
+def validate_elastic(args, parser):
+    """The elastic flags: Horovod's constraints, and what cannot go with them."""
+    if not elastic_job.is_elastic(args):
+        if args.max_restarts is None:
+            args.max_restarts = 0
+        return
+    min_np = args.min_np if args.min_np is not None else args.num_proc
+    if min_np < 1:
+        parser.error(f"--min-np must be >= 1. Got: {min_np}")
+    if min_np > args.num_proc:
+        parser.error(f"--min-np ({min_np}) must be <= -np ({args.num_proc}): the job starts "
+                     "with -np processes")
+    if args.max_np is not None and args.max_np < args.num_proc:
+        parser.error(f"--max-np ({args.max_np}) must be >= -np ({args.num_proc})")
+    if args.slots_per_host < 1:
+        parser.error(f"--slots-per-host must be >= 1. Got: {args.slots_per_host}")
+    if args.elastic_timeout <= 0:
+        parser.error(f"--elastic-timeout must be positive. Got: {args.elastic_timeout}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        parser.error(f"--reset-limit must be >= 0. Got: {args.reset_limit}")
+    if args.keep_going:
+        parser.error("--keep-going cannot go with an elastic job (--min-np/--max-np/"
+                     "--host-discovery-script): a lost worker there restarts the job smaller")
 
 
 def job_environments(num_proc, num_servers, timeout, port_list, base_env):
@@ -167,6 +231,11 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     validate(args, parser)
+    if elastic_job.is_elastic(args):
+        code = elastic_job.run(args, run_job)
+        if args.profile and code == 0:
+            code = merge_timeline(args.profile, args.profile_steps)
+        return code
     restart = 0
     while True:
         code, group = run_job(args, restart)
@@ -186,25 +255,29 @@ def main(argv=None):
     return code
 
 
-def run_job(args, restart):
+def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
     """Start every process of the job once and wait for it: (exit code, its ProcessGroup, or
-    None when the job could not start)."""
+    None when the job could not start). `num_proc`: the workers (default `-np`; an elastic
+    job's size), `extra_env`: added to every process's environment, `on_poll`: called while
+    the processes run (`ProcessGroup.wait`)."""
+    num_proc = num_proc or args.num_proc
     try:
-        port_list = ports_lib.pick_ports(args.num_proc + args.num_servers, args.port_base, HOST)
+        port_list = ports_lib.pick_ports(num_proc + args.num_servers, args.port_base, HOST)
     except OSError as e:
         print(f"tfdist-run: {e}", file=sys.stderr)
         return 1, None
     group = processes.ProcessGroup(output_filter=OutputFilter(enabled=not args.verbose))
     group.forward_signals()
-    envs = job_environments(args.num_proc, args.num_servers, args.timeout, port_list, os.environ)
+    envs = job_environments(num_proc, args.num_servers, args.timeout, port_list, os.environ)
     for _, env in envs:
         env[env_vars.RESTART_COUNT.name] = str(restart)
+        env.update(extra_env or {})
         if args.profile:
             env[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
             env[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps
     if args.horovod:
         try:
-            _, horovod_envs = gloo_rendezvous_server.start(args.num_proc, HOST)
+            _, horovod_envs = gloo_rendezvous_server.start(num_proc, HOST)
         except RuntimeError as e:
             print(f"tfdist-run: {e}", file=sys.stderr)
             return 1, None
@@ -217,8 +290,8 @@ def run_job(args, restart):
         print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
         group.terminate_all()
         return 127, None
-    return group.wait(workers=[str(r) for r in range(args.num_proc)],
-                      keep_going=args.keep_going), group
+    return group.wait(workers=[str(r) for r in range(num_proc)],
+                      keep_going=args.keep_going, on_poll=on_poll), group
 
 
 def merge_timeline(log_dir, steps):

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 from tfdist.process_setup.child_processes import die_with_parent
 from tfdist.launch.output_filter import OutputFilter
 
@@ -110,7 +111,7 @@ class ProcessGroup:
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
 
-    def wait(self, workers, poll_interval=0.1, keep_going=False):
+    def wait(self, workers, poll_interval=0.1, keep_going=False, on_poll=None):
         """Wait until the workers finish; return the job's exit code.
 
         `workers` are the labels that must all exit 0 for success; the other
@@ -119,7 +120,10 @@ class ProcessGroup:
         `keep_going`, a failed worker does not stop the others (asynchronous
         training goes on without it): the job ends when every worker has
         exited, with the first failure's code; a server that fails before any
-        worker did still stops everyone.
+        worker did still stops everyone. A worker that exits with 42 (it backed up on a
+        preemption notice or a resize request, as every rank does at the same step) gives
+        the others `TERMINATE_GRACE_SECONDS` to exit by themselves before they are
+        terminated. `on_poll()` is called every `poll_interval` (an elastic job's watcher).
         """
         workers = set(workers)
         first_failure, tolerated = None, set()
@@ -142,7 +146,10 @@ class ProcessGroup:
                     tolerated.add(failed.label)
                     first_failure = first_failure if first_failure is not None else code
                     continue
-                if self._stop_signal is None:
+                if code == PREEMPTED_EXIT_CODE:  # the others back up too, and exit
+                    self._wait_for_all(TERMINATE_GRACE_SECONDS,
+                                       [p for p in self.processes if p.label in workers])
+                elif self._stop_signal is None:
                     self._log(
                         f"{describe(failed.label)} exited with code {code}; "
                         "terminating the other processes"
@@ -157,11 +164,13 @@ class ProcessGroup:
                     self._wait_for_all(TERMINATE_GRACE_SECONDS)
                 self.terminate_all()
                 return first_failure or 0
+            if on_poll is not None:
+                on_poll()
             time.sleep(poll_interval)
 
-    def _wait_for_all(self, seconds):
+    def _wait_for_all(self, seconds, processes=None):
         deadline = time.monotonic() + seconds
-        for proc in self.processes:
+        for proc in self.processes if processes is None else processes:
             try:
                 proc.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
