@@ -203,7 +203,8 @@ def watch(check, interval=5.0):
         while not stop.wait(interval):
             answer = check()
             if answer:
-                reason = answer if isinstance(answer, str) else "a preemption notice from the watcher"
+                reason = (answer if isinstance(answer, str)
+                          else "a preemption notice from the watcher")
                 for notice in _armed_notices():
                     notice.notice(reason)
 
