@@ -3,8 +3,10 @@ the weights, history and early stop of the plain script never stopped.
 
 `tfdist-run -np 3 --min-np 2 --host-discovery-script "cat SLOTS"` runs
 tests/scripts/resume_mid_epoch.py (the user's unchanged
-`BackupAndRestore(save_freq=5)`, a shuffled fit that `EarlyStopping` ends
-after its third epoch; 12 steps per epoch of a global batch of 32):
+`BackupAndRestore(save_freq=5)`, a fit on a tf.data pipeline shuffled by
+TensorFlow's global seed only, that `EarlyStopping` ends after its third
+epoch; 12 steps per epoch of a global batch of 32; the backup directory
+has files on the chief only, as without a shared filesystem):
 
 1. at 3 processes, after optimizer step 23, the discovery script loses a
    slot and rank 1 is SIGKILLed: the job goes on with 2 processes from the
@@ -38,7 +40,7 @@ PAUSED = re.compile(rf"rank 1 pid (\d+) step {STOP_AT_STEP}\b")
 def plain_run(tmp_path_factory):
     directory = tmp_path_factory.mktemp("plain")
     return resume_mid_epoch.train(str(directory / "plain"), str(directory / "backup"), "plain",
-                                  "numpy")
+                                  "tfdata-unseeded")
 
 
 def test_a_killed_rank_shrinks_the_job_returned_capacity_grows_it_and_it_ends_exactly(
@@ -48,7 +50,8 @@ def test_a_killed_rank_shrinks_the_job_returned_capacity_grows_it_and_it_ends_ex
     out = str(tmp_path / "resumed")
     job = start_job("tfdist-run", 3,
                     [script("resume_mid_epoch.py"), out, str(tmp_path / "backup"),
-                     "--strategy", "ring", "--announce", "--pause-after", f"{STOP_AT_STEP}:4"],
+                     "--strategy", "ring", "--input", "tfdata-unseeded", "--backup-per-rank",
+                     "--announce", "--pause-after", f"{STOP_AT_STEP}:4"],
                     run_timeout=RUN_TIMEOUT,
                     launcher=["--min-np", "2", "--host-discovery-script", f"cat {slots}",
                               "--elastic-timeout", "120"])

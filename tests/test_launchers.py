@@ -39,6 +39,7 @@ def assert_matches(reference, ranks):
         assert max_abs_difference(ranks[0], other) <= 1e-6
 
 
+@pytest.mark.slow  # make test runs mpirun (Horovod on MPI) in test_horovod_api.py
 @pytest.mark.horovod
 def test_mpirun_runs_the_horovod_backend_on_mpi(reference, tmp_path):
     # Under mpirun, "auto" picks Horovod when it is built with MPI (make install builds it so).

@@ -65,11 +65,10 @@ CONFIGURATIONS = {
     "ring-horovod": ("horovodrun", signal.SIGKILL, 2, 2, "numpy",
                      ["--strategy", "ring", "--backend", "horovod"], None),
 }
-# make test: a kill restarted by tfdist-run, a notice to one rank rerun at fewer processes,
-# Ray's restart; the rest (sync PS P -> P+1 among them) in make test-all.
-# make test: a kill and a restart (Ray Train's), a notice and a rerun at another size;
-# tfdist-run's own restart (ring-restarted) and every other case in make test-all.
-FAST = ("sigterm-no-shared-filesystem-3-to-2", "ray-restarted")
+# make test: a kill and a restart (Ray Train's); tfdist-run's kill, restart at fewer
+# processes and a planned resize (the notice path, another size, the backup on the chief only,
+# unseeded tf.data) are test_elastic.py's job. Every other case in make test-all.
+FAST = ("ray-restarted",)
 RESTARTS = ("--max-restarts", "--max-failures")
 RESUMED_AT = re.compile(r"resuming from the backup in \S+: epoch (\d+) after (\d+) of its steps")
 

@@ -15,9 +15,14 @@ only in a flag share one where the world size is the same: the small
 gradient buckets of test_buckets.py run in test_equivalence's 3 processes
 (TF collectives) and test_tree's 3 (the tree); `backend="auto"` under
 horovodrun is the Horovod job of 2 processes. `tfdist.horovod.keras` (test_horovod_api.py):
-one tfdist-run job of 2 processes in make test (its Horovod-semantics exactness, collectives
-and Horovod's ported Keras tests); horovodrun (Horovod's engine, 3 processes), mpirun, srun
-and the refusal of per-rank data of different lengths in make test-all.
+one mpirun job of 2 processes in make test (its Horovod-semantics exactness, collectives
+and Horovod's ported Keras tests on Horovod/MPI; it is also make test's mpirun job, so
+test_launchers' own mpirun + Horovod case is in make test-all); tfdist-run (TF
+collectives), horovodrun (Horovod's engine, 3 processes), srun and the refusal of per-rank
+data of different lengths in make test-all. Elastic training (test_elastic.py): one job
+killed, shrunk and grown in make test, on unseeded tf.data with the backup on the chief
+only, which makes test_resume's SIGTERM 3 -> 2 case (the same notice path and resume at
+another size) a make test-all case.
 """
 
 # real_world.py cases the in-process tier runs in make test-fast (a few seconds each).
