@@ -224,8 +224,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Save the model when `monitor` improves (`ModelCheckpoint(save_best_only=True)`).
 
+    `monitor`, `verbose`, `save_weights_only`, `mode` and `save_freq` are
+    `ModelCheckpoint`'s.
+
     Args:
-        monitor, verbose, save_weights_only, mode, save_freq: as `ModelCheckpoint`'s.
         filepath: where (default `best_model.keras`, or `best_model.weights.h5` with
             `save_weights_only`); Horovod's has no path of its own.
     """
