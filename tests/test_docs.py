@@ -30,6 +30,8 @@ CONTRACT = (
     "tfdist.horovod.keras.callbacks.BroadcastGlobalVariablesCallback",
     "tfdist.horovod.keras.callbacks.MetricAverageCallback",
     "tfdist.horovod.keras.callbacks.LearningRateWarmupCallback",
+    "tfdist.horovod.elastic_state.run", "tfdist.horovod.elastic_state.KerasState",
+    "tfdist.horovod.keras.elastic.CommitStateCallback",
 )
 
 

@@ -87,8 +87,8 @@ def test_what_tfdist_cannot_do_is_refused_by_name():
         collectives.check_op("Average", (hvd.Average, hvd.Sum))
     with pytest.raises(RuntimeError, match="does not support eager execution"):
         hvd.broadcast_global_variables(0)
-    with pytest.raises(AttributeError, match="elastic API is not offered yet"):
-        hvd.elastic  # pylint: disable=pointless-statement
+    with pytest.raises(AttributeError, match="per-rank .local. gradients are not offered"):
+        hvd.PartialDistributedOptimizer  # pylint: disable=pointless-statement
 
 
 def test_before_init_the_queries_raise_horovods_error():
@@ -140,3 +140,35 @@ def test_fp16_compression_travels_as_float16_and_comes_back():
 
     with pytest.raises(ValueError, match="Compression.none or"):
         tfdist_compression("bf16")
+
+
+def test_the_elastic_state_callbacks_count_as_horovods_and_the_state_file_round_trips(tmp_path):
+    from tfdist.horovod import elastic_state  # pylint: disable=import-outside-toplevel
+
+    class Counted:  # a state whose commits are counted (no process group needed)
+        epoch, batch, commits = 2, 0, 0
+
+        def commit(self):
+            self.commits += 1
+
+    state = Counted()
+    epochs = hvd.elastic.UpdateEpochStateCallback(state)
+    batches = hvd.elastic.UpdateBatchStateCallback(state)
+    commits = hvd.elastic.CommitStateCallback(state, batches_per_commit=3)
+    for callback in (epochs, batches, commits):
+        callback.on_train_begin()
+    for batch in range(7):
+        batches.on_train_batch_end(batch)
+        commits.on_train_batch_end(batch)
+    assert (state.batch, state.commits) == (6, 2)  # after batches 3 and 6
+    for callback in (epochs, batches, commits):
+        callback.on_epoch_end(0)
+    assert (state.epoch, state.batch, state.commits) == (3, 0, 3)  # fit's epoch 0 = the 3rd
+    epochs.on_epoch_end(1)
+    assert state.epoch == 4
+    values = [np.arange(6, dtype="float32").reshape(2, 3), np.array(7, dtype="int64")]
+    path = str(tmp_path / "state.npz")
+    elastic_state._write_state(path, values, {"epoch": 3, "batch": 5})  # pylint: disable=protected-access
+    read_values, attributes = elastic_state._read_state(path)  # pylint: disable=protected-access
+    assert attributes == {"epoch": 3, "batch": 5}
+    assert [v.tolist() for v in read_values] == [v.tolist() for v in values]

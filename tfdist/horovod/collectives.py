@@ -147,16 +147,18 @@ def grouped_allreduce(values, op=None, compression=Compression.none):
 def allgather(value, name=None):
     """Every rank's `value` concatenated along the first dimension, in rank order."""
     del name
+    value = tf.convert_to_tensor(value)
     with _bounded("allgather"):
-        return _communicator().all_gather(tf.convert_to_tensor(value))
+        return _as(_communicator().all_gather(_on_the_wire(value)), value.dtype)
 
 
 def broadcast(value, root_rank, name=None):
     """`root_rank`'s `value` on every rank."""
     del name
     _check_root(root_rank)
+    value = tf.convert_to_tensor(value)
     with _bounded("broadcast"):
-        return _communicator().broadcast(tf.convert_to_tensor(value), root=root_rank)
+        return _as(_communicator().broadcast(_on_the_wire(value), root=root_rank), value.dtype)
 
 
 def reducescatter(value, name=None, op=Average):
@@ -198,6 +200,21 @@ def broadcast_global_variables(root_rank):
         "hvd.broadcast_global_variables() does not support eager execution (TensorFlow 2 has "
         "no global variables). Use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) "
         "in fit, or hvd.broadcast_variables(model.variables, root_rank).")
+
+
+# Types TensorFlow's collectives do not move, and the type that carries them exactly.
+_WIRE_TYPES = {tf.uint8: tf.int32, tf.int8: tf.int32, tf.uint16: tf.int32, tf.int16: tf.int32,
+               tf.uint32: tf.int64, tf.bfloat16: tf.float32}
+
+
+def _on_the_wire(value):
+    """`value` in a type the engine moves (Horovod's small integers and bfloat16 too)."""
+    wire = _WIRE_TYPES.get(value.dtype)
+    return value if wire is None else tf.cast(value, wire)
+
+
+def _as(value, dtype):
+    return value if value.dtype == dtype else tf.cast(value, dtype)
 
 
 def _check_root(root_rank):

@@ -33,7 +33,7 @@ from tfdist.horovod.compression import Compression
 from tfdist.horovod.engine_queries import (ccl_built, cuda_built, ddl_built, gloo_built,
                                            gloo_enabled, mpi_built, mpi_enabled,
                                            mpi_threads_supported, nccl_built, rocm_built)
-from tfdist.horovod.keras import callbacks
+from tfdist.horovod.keras import callbacks, elastic
 from tfdist.horovod.optimizer import DistributedOptimizer, load_model
 from tfdist.horovod.process import (cross_rank, cross_size, init, is_initialized, local_rank,
                                     local_size, rank, shutdown, size)
@@ -42,6 +42,7 @@ __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "ProcessSet",
     "Product", "Sum", "add_process_set", "allgather", "allreduce", "broadcast",
     "broadcast_global_variables", "broadcast_variables", "callbacks", "ccl_built", "cross_rank",
+    "elastic",
     "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
     "grouped_allreduce", "init", "is_initialized", "load_model", "local_rank", "local_size",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
@@ -50,8 +51,6 @@ __all__ = [
 
 # Horovod names tfdist does not offer, and what to use instead.
 _NOT_OFFERED = {
-    "elastic": "Horovod's elastic API is not offered yet; tfdist-run --max-restarts N restarts "
-               "a failed job and keras.callbacks.BackupAndRestore resumes it exactly",
     "start_timeline": "use tfdist's profiling (tfdist-run --profile, or a Keras TensorBoard "
                       "callback with profile_batch): it records the engine's timeline",
     "stop_timeline": "use tfdist's profiling (tfdist-run --profile)",
