@@ -87,9 +87,10 @@ CASES = {
     "ray-worker-mid-step": ("ray", 2, 0, ["--strategy", "ring", "--step-delay", "0.5"],
                             "rank 1", "train", "the Ray Train run failed"),
 }
-# make test: a worker, a dedicated server and the launcher killed mid-step (the tfdist-run
-# cases); every other victim, phase and launcher in make test-all.
-FAST = ("worker-mid-step", "server-mid-step", "launcher-mid-step")
+# make test: a worker and the launcher killed mid-step (the tfdist-run cases); a dedicated
+# server killed mid-step is test_parameter_server.py's dead server in make test; every other
+# victim, phase and launcher in make test-all.
+FAST = ("worker-mid-step", "launcher-mid-step")
 # ray-worker-mid-step: make test-all; make test kills a Ray Train worker in test_resume.py
 # (ray-restarted: Ray restarts the run and it resumes).
 # The restart column: the tfdist-run cases of synchronous strategies (tfdist-run restarts).

@@ -262,3 +262,21 @@ def test_an_elastic_job_below_min_np_gives_up_after_the_elastic_timeout(tmp_path
     assert job.job.returncode == 1, output
     assert ("fewer than --min-np 2 slots, for 3 s (--elastic-timeout): the job stops"
             in output), output
+
+
+def test_an_elastic_job_waiting_for_slots_stops_on_sigterm(tmp_path):
+    job = _Elastic(tmp_path, 2, ["-np", "2"])
+    try:
+        job.wait_for_run(2)
+        job.set_slots(1)  # below --min-np (2): the ranks stop, the launcher waits 600 s ...
+        for line in job.job.stdout:
+            job.output.append(line)
+            if "waiting up to 600 s" in line:
+                break
+        job.job.send_signal(signal.SIGTERM)  # ... unless told to stop
+        rest, _ = job.job.communicate(timeout=60)
+    finally:
+        job.job.kill()
+    output = "".join(job.output) + rest
+    assert job.job.returncode == 1, output
+    assert "received SIGTERM while waiting: the job stops" in output, output

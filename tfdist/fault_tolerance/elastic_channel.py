@@ -12,8 +12,9 @@ rank `TFDIST_ELASTIC_DIR`, a directory of the job's own, holding:
   `restarts.PREEMPTED_EXIT_CODE` (the preemption path), and the launcher
   starts the job again at the new size, which resumes at the next step.
 - `backup.json`: written by the chief after each backup (the position:
-  epoch, steps of it, optimizer step, processes), so that the launcher's
-  resize line says where the job resumes.
+  epoch, steps of it, optimizer step, processes; or the attributes of
+  `hvd.elastic`'s last commit), so that the launcher's resize line says
+  where the job resumes.
 
 Both files are replaced whole (written under a temporary name, renamed).
 The launcher removes the request before it starts a run.

@@ -98,6 +98,8 @@ class State:
         channel = elastic_channel.directory()
         if channel and process.rank() == 0:
             _write_state(os.path.join(channel, STATE_FILE), *self._saved)
+            elastic_channel.record_backup({"committed": self._saved[1],
+                                           "world_size": process.size()})
 
     def restore(self):
         """Back to the last commit."""

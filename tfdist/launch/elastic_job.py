@@ -31,6 +31,7 @@ backup and a new start of the processes (measured in
 """
 
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -111,8 +112,9 @@ def _loop(args, run_job, members, poller, channel, decision):
                 say(f"{processes.describe(label)} exited with code {failed_code}: out of "
                     f"restarts (--max-restarts {args.max_restarts})")
                 return code
-            decision = members.lost(1, f"{processes.describe(label)} exited with code "
-                                       f"{failed_code}", previous_size)
+            lost_workers = 0 if label.startswith("s") else 1  # a server: the same workers
+            decision = members.lost(lost_workers, f"{processes.describe(label)} exited with "
+                                                  f"code {failed_code}", previous_size)
         if args.reset_limit is not None and runs > args.reset_limit:
             say(f"{decision.why}: the job was restarted {runs - 1} time(s), --reset-limit "
                 f"{args.reset_limit}: it stops{_kept(channel)}")
@@ -124,6 +126,10 @@ def _backup_at(channel):
     backup = elastic_channel.last_backup(channel)
     if backup is None:
         return None
+    if "committed" in backup:  # hvd.elastic's state
+        state = ", ".join(f"{k} {v}" for k, v in sorted(backup["committed"].items()))
+        return (f"the state hvd.elastic committed last ({state}; by {backup['world_size']} "
+                "process(es))")
     return (f"the backup at epoch {backup['epoch'] + 1} after {backup['steps_done']} of its "
             f"steps (optimizer step {backup['iterations']}, written by {backup['world_size']} "
             "process(es))")
@@ -141,17 +147,29 @@ def _kept(channel):
 
 
 def _wait_for_slots(members, poller, timeout, decision):
-    """Poll the discovery until `min_np` slots are usable or `timeout` seconds passed."""
+    """Poll the discovery until `min_np` slots are usable or `timeout` seconds passed (or the
+    launcher is told to stop: no process runs, so nothing else would hear it)."""
     say(f"{decision.why}: waiting up to {timeout:g} s (--elastic-timeout) for the discovery "
         "script to report more")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(host_discovery.INTERVAL_SECONDS / 2)
-        slots = poller.latest()
-        if slots is not None and slots != members.reported:
-            decision = members.next_run(slots, decision.why)
-            if decision.action == membership_lib.RUN:
-                return decision
+    stopped = []
+    previous = {signum: signal.signal(signum, lambda number, _frame: stopped.append(number))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stopped:
+            time.sleep(host_discovery.INTERVAL_SECONDS / 2)
+            slots = poller.latest()
+            if slots is not None and slots != members.reported:
+                decision = members.next_run(slots, decision.why)
+                if decision.action == membership_lib.RUN:
+                    return decision
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if stopped:
+        return membership_lib.Decision(
+            membership_lib.GIVE_UP, decision.size,
+            f"{decision.why}; received {signal.Signals(stopped[0]).name} while waiting")
     return membership_lib.Decision(membership_lib.GIVE_UP, decision.size,
                                    f"{decision.why}, for {timeout:g} s (--elastic-timeout)")
 
