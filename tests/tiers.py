@@ -22,7 +22,9 @@ collectives), horovodrun (Horovod's engine, 3 processes), srun and the refusal o
 data of different lengths in make test-all. Elastic training (test_elastic.py): one job
 killed, shrunk and grown in make test, on unseeded tf.data with the backup on the chief
 only, which makes test_resume's SIGTERM 3 -> 2 case (the same notice path and resume at
-another size) a make test-all case.
+another size) a make test-all case; the decisions in-process (test_elastic_membership.py) and
+the launcher's loop with probe ranks (test_launcher.py, seconds); Horovod's elastic API, Ray
+Train's elastic ScalingConfig and a Slurm job requeued at another size in make test-all.
 """
 
 # real_world.py cases the in-process tier runs in make test-fast (a few seconds each).
