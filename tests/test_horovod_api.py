@@ -20,7 +20,7 @@ from helpers import (failure_report, horovodrun, require_launcher, run_job, scri
 
 TOLERANCE = 1e-4
 COLLECTIVE_RESULTS = ("allreduce_average", "allreduce_sum", "allreduce_max", "allgather",
-                      "broadcast", "reducescatter", "topology")
+                      "broadcast", "broadcast_uint8", "reducescatter", "topology")
 
 
 def _reference(tmp_path_factory, world):
@@ -64,6 +64,7 @@ def _check_job(done, prefix, world, reference):
         assert results["allgather"].tolist() == [[r, r] for r in range(world)
                                                  for _ in range(r + 1)]
         np.testing.assert_allclose(results["broadcast"], [world + 9] * 2)
+        assert results["broadcast_uint8"].tolist() == [200] * 3
         total = np.arange(5.0) * sum(range(1, world + 1))
         # Horovod's split: the first 5 % world ranks get one row more.
         sizes = [5 // world + (r < 5 % world) for r in range(world)]

@@ -116,6 +116,9 @@ def collectives(results):
     results["allreduce_max"] = hvd.allreduce(np.full([3], float(rank)), op=hvd.Max).numpy()
     results["allgather"] = hvd.allgather(np.full([rank + 1, 2], rank)).numpy()
     results["broadcast"] = hvd.broadcast(np.full([2], float(rank + 10)), world - 1).numpy()
+    small = hvd.broadcast(np.full([3], 200 + rank, np.uint8), 0)  # a type TF's collectives lack
+    assert small.dtype == np.uint8, small.dtype
+    results["broadcast_uint8"] = small.numpy()
     results["reducescatter"] = hvd.reducescatter(np.arange(5.0) * (rank + 1), op=hvd.Sum).numpy()
     results["topology"] = np.array([hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
                                     hvd.cross_size(), hvd.cross_rank()])
