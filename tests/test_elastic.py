@@ -159,13 +159,15 @@ def test_ray_trains_elastic_scaling_config_loses_a_node_gets_one_back_and_ends_e
     (tests/scripts/ray_train_job.py --elastic): a node is removed (its worker dies: Ray restarts
     the group with 1 worker, which resumes from the backup), a node is added (Ray resizes the
     group to 2 at its next look: the workers stop where they are and resume from the backup),
-    and the job ends with the plain script's weights, history and stop."""
+    and the job ends with the plain script's weights, history and stop. The ranks pause 30 s
+    after step 23: Ray sees a new node at its coordinator's next tick (every 20 s) and first
+    retries the old size on a removed node's stale resources (the start timeout, 30 s here)."""
     control = tmp_path / "control"
     control.mkdir()
     out = str(tmp_path / "resumed")
     job = start_job("ray", 2,
                     [script("resume_mid_epoch.py"), out, str(tmp_path / "backup"),
-                     "--strategy", "ring", "--announce", "--pause-after", f"{STOP_AT_STEP}:6"],
+                     "--strategy", "ring", "--announce", "--pause-after", f"{STOP_AT_STEP}:30"],
                     run_timeout=RUN_TIMEOUT,
                     launcher=["--max-failures", "2", "--elastic", "1", "3", str(control)])
     seen, acted = [], 0

@@ -166,16 +166,13 @@ def test_killed_job_resumes_at_the_next_batch_like_an_uninterrupted_run(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("requeued_tasks", [2, 3])
 def test_a_slurm_job_requeued_mid_epoch_backs_up_and_resumes_when_slurm_runs_it_again(
-        tmp_path, plain_runs, requeued_tasks):
+        tmp_path, plain_runs):
     """`sbatch --requeue` on the one-node Slurm, then `scontrol requeue` mid-epoch (what
     Slurm's preemption with PreemptMode=REQUEUE does): Slurm sends SIGTERM to every task,
     every rank backs up at the next step and exits 42, and Slurm runs the batch script again
     (its output appended), which resumes there and ends as the plain script never stopped.
-    (Slurm holds a requeued job back for about two minutes; the test releases it at once.)
-    Resized while pending (`scontrol update NumTasks=3`: how a Slurm job changes size), the
-    requeued job runs 3 tasks and resumes at the same step all the same."""
+    (Slurm holds a requeued job back for about two minutes; the test releases it at once.)"""
     require_launcher("srun")
     out, resumed = tmp_path / "job.out", str(tmp_path / "resumed")
     command = (f"srun {sys.executable} {script('resume_mid_epoch.py')} {resumed} "
@@ -202,20 +199,19 @@ def test_a_slurm_job_requeued_mid_epoch_backs_up_and_resumes_when_slurm_runs_it_
         assert wait_for(lambda: f"step {STOP_AT_STEP}\n" in output(), 120), output()[-3000:]
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
         assert wait_for(lambda: state() == "PENDING", 60), output()[-3000:]
-        if requeued_tasks != 2:
-            subprocess.run(["scontrol", "update", f"jobid={job}",
-                            f"NumTasks={requeued_tasks}"], check=True, timeout=30)
         subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True,
                        timeout=30)
         assert wait_for(lambda: state() == "", 180), output()[-3000:]
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
     text = output()
-    assert "tasks 0-1: Exited with exit code 42" in text, text[-4000:]
+    # srun names the tasks together or one by one, as they end
+    assert ("tasks 0-1: Exited with exit code 42" in text
+            or all(f"task {t}: Exited with exit code 42" in text for t in (0, 1))), text[-4000:]
     assert "tfdist: preempted: backed up" in text, text[-4000:]
     resumed_at = RESUMED_AT.search(text)
     assert resumed_at, text[-4000:]
     epoch, steps_done = int(resumed_at.group(1)) - 1, int(resumed_at.group(2))
     assert epoch * 12 + steps_done == STOP_AT_STEP + 1, text[-3000:]
-    for result in load(resumed, requeued_tasks):
+    for result in load(resumed, 2):
         assert_resumed_like(plain_runs["numpy"], result, epoch)

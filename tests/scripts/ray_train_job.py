@@ -33,10 +33,11 @@ def run_script(config):
     runpy.run_path(config["script"], run_name="__main__")
 
 
-def control_nodes(cluster, control_dir, stop):
-    """Remove or add a one-CPU node when the test asks (CONTROL_DIR/remove, /add)."""
+def control_nodes(cluster, control_dir, done):
+    """Until `done`: remove or add a one-CPU node when the test asks (CONTROL_DIR/remove, /add).
+    On the main thread: a Ray node installs signal handlers when it starts."""
     nodes = list(cluster.worker_nodes)
-    while not stop.wait(0.2):
+    while not done.wait(0.2):
         for action in ("remove", "add"):
             path = os.path.join(control_dir, action)
             if not os.path.exists(path):
@@ -46,7 +47,8 @@ def control_nodes(cluster, control_dir, stop):
                 cluster.remove_node(nodes.pop(), allow_graceful=False)
             else:
                 nodes.append(cluster.add_node(num_cpus=1))
-            print(f"ray_train_job: {action}d a node; {len(nodes)} worker node(s)", flush=True)
+            print(f"ray_train_job: {'removed' if action == 'remove' else 'added'} a node; "
+                  f"{len(nodes)} worker node(s)", flush=True)
 
 
 def main():
@@ -76,14 +78,15 @@ def main():
     else:
         from ray.cluster_utils import Cluster
 
+        # A removed node's resources are still counted for a moment: Ray's first try at the
+        # old size waits this long for workers that cannot be placed (60 s by default).
+        os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "30")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
         for _ in range(workers):
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING",
                  runtime_env=runtime_env)
-        threading.Thread(target=control_nodes, args=(cluster, elastic[2], stop),
-                         daemon=True).start()
         scaling = ScalingConfig(num_workers=elastic[:2], use_gpu=False,
                                 elastic_resize_monitor_interval_s=2.0)
     trainer = TensorflowTrainer(
@@ -93,12 +96,26 @@ def main():
         run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="tfdist-ray-"),
                              failure_config=FailureConfig(max_failures=max_failures)),
     )
+    failed = []
+
+    def fit():
+        try:
+            trainer.fit()
+        except Exception as error:  # pylint: disable=broad-except
+            failed.append(error)
+        finally:
+            stop.set()
+
     try:
-        trainer.fit()
-    except Exception as error:  # pylint: disable=broad-except
-        print(f"ray_train_job: the Ray Train run failed: {type(error).__name__}: {error}",
-              flush=True)
-        return 1
+        if cluster is None:
+            fit()
+        else:  # the nodes are controlled from the main thread, the run from another
+            threading.Thread(target=fit, daemon=True).start()
+            control_nodes(cluster, elastic[2], stop)
+        if failed:
+            print(f"ray_train_job: the Ray Train run failed: {type(failed[0]).__name__}: "
+                  f"{failed[0]}", flush=True)
+            return 1
     finally:
         stop.set()
         ray.shutdown()

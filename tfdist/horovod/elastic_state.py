@@ -198,9 +198,9 @@ def run(func):
         restored = state._restore_from_the_job()  # pylint: disable=protected-access
         state.sync()
         if restored and process.rank() == 0:
-            print(f"tfdist.horovod: resumed from the job's last commit at "
-                  f"{state._current_attributes()} on {process.size()} "  # pylint: disable=protected-access
-                  "process(es)", flush=True)
+            committed = state._current_attributes()  # pylint: disable=protected-access
+            print(f"tfdist.horovod: resumed from the job's last commit at {committed} on "
+                  f"{process.size()} process(es)", flush=True)
         notice.arm()
         _in_run[0] = True
         try:

@@ -10,8 +10,8 @@
 Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
 each with the environment `tfdist.process_setup.cluster.discover` reads. Every flag can also
 be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
-`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`, `TFDIST_MAX_RESTARTS`). With `--horovod` the
-ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
+`TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`, `TFDIST_MAX_RESTARTS`, the
+elastic ones in `tfdist.env_vars`). With `--horovod` the ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
 `RingAllReduceStrategy(backend="horovod")`. The exit code is 0 when every rank
 exits 0, otherwise that of the first process to fail (the others are
 terminated and the failing rank is named). With `--max-restarts R` a failed
