@@ -24,7 +24,7 @@ watch at the end of a job (peers finishing first are no failure).
 
 import abc
 import contextlib
-from typing import ContextManager, List, Sequence
+from typing import Any, ContextManager, List, Sequence
 
 import tensorflow as tf
 
@@ -85,6 +85,22 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def broadcast(self, tensor: tf.Tensor, root: int = 0) -> tf.Tensor:
         """Every rank gets `root`'s `tensor` (same shape and dtype on every rank)."""
+
+    def broadcast_json(self, value: Any, root: int = 0) -> Any:
+        """`root`'s JSON-able `value` on every rank (eager): its text's length, then its bytes -
+        two broadcasts. None stays None."""
+        import json  # pylint: disable=import-outside-toplevel
+        import numpy as np  # pylint: disable=import-outside-toplevel
+
+        data = json.dumps(value).encode() if value is not None else b""
+        length = int(self.broadcast(tf.constant([len(data)], tf.int64), root).numpy()[0])
+        if length == 0:
+            return None
+        codes = np.zeros([length], np.int32)
+        if len(data) == length:
+            codes[:] = np.frombuffer(data, np.uint8)
+        received = self.broadcast(tf.constant(codes), root).numpy().astype(np.uint8)
+        return json.loads(received.tobytes().decode())
 
     def barrier(self) -> None:
         """Return once every rank has called `barrier` (eager)."""

@@ -95,9 +95,7 @@ class Membership:
     def start(self, slots: int) -> Decision:
         """The first run: `-np` processes, fewer when fewer slots are reported."""
         why = self._report(slots) or f"{slots} slot(s)"
-        target = min(self.num_proc, self.usable)
-        decision = self._run_or_wait(target, why)
-        return decision
+        return self._run_or_wait(min(self.num_proc, self.usable), why)
 
     def started(self, size: int) -> None:
         """A run of `size` processes started."""

@@ -30,11 +30,9 @@ Cost: the metadata file grows by the metric and seed state (tens of
 numbers for a usual model); a resume adds two broadcasts.
 """
 
-import json
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 FORMAT = 1
@@ -149,15 +147,8 @@ class TrainingState:
     @classmethod
     def share(cls, communicator, state: Optional["TrainingState"]) -> Optional["TrainingState"]:
         """The chief's `state` (or None) on every rank: its JSON in two broadcasts."""
-        data = json.dumps(state.to_json()).encode() if state is not None else b""
-        length = int(communicator.broadcast(tf.constant([len(data)], tf.int64)).numpy()[0])
-        if length == 0:
-            return None
-        codes = np.zeros([length], np.int32)
-        if len(data) == length:
-            codes[:] = np.frombuffer(data, np.uint8)
-        received = communicator.broadcast(tf.constant(codes)).numpy().astype(np.uint8)
-        return cls.from_json(json.loads(received.tobytes().decode()))
+        return cls.from_json(communicator.broadcast_json(
+            state.to_json() if state is not None else None))
 
     # ------------------------------------------------------------- applying
     def apply_random_state(self, model) -> None:

@@ -43,9 +43,9 @@ import os
 import sys
 
 import numpy as np
-import tensorflow as tf
 
 from tfdist.fault_tolerance import elastic_channel
+from tfdist.fault_tolerance.checkpoint_files import write_atomically
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 from tfdist.horovod import collectives, process
 
@@ -110,14 +110,8 @@ class State:
         """Rank 0's state on every rank."""
         if process.size() > 1:
             collectives.broadcast_variables(self._variables(), root_rank=0)
-            names = sorted(self._attributes)
-            encoded = json.dumps([getattr(self, n) for n in names]).encode()
-            length = collectives.broadcast(tf.constant([len(encoded)], tf.int64), 0)
-            padded = np.zeros(int(length.numpy()[0]), np.uint8)
-            if process.rank() == 0:
-                padded[:] = np.frombuffer(encoded, np.uint8)
-            data = collectives.broadcast(tf.constant(padded), 0).numpy().tobytes()
-            for name, value in zip(names, json.loads(data.decode())):
+            communicator = process.strategy().extended.communicator
+            for name, value in communicator.broadcast_json(self._current_attributes()).items():
                 setattr(self, name, value)
 
     def check_host_updates(self):
@@ -224,10 +218,9 @@ def run(func):
 
 
 def _write_state(path, values, attributes):
-    temporary = f"{path}.{os.getpid()}.tmp.npz"
-    np.savez(temporary, attributes=np.array(json.dumps(attributes)),
-             **{f"v{i}": value for i, value in enumerate(values)})
-    os.replace(temporary, path)
+    write_atomically(lambda temporary: np.savez(
+        temporary, attributes=np.array(json.dumps(attributes)),
+        **{f"v{i}": value for i, value in enumerate(values)}), path)
 
 
 def _read_state(path):
