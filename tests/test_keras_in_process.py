@@ -31,8 +31,9 @@ import numpy as np
 import pytest
 
 from helpers import assert_ranks_match_reference, max_abs_difference
-from tiers import (KERAS_PATTERNS_PROCESSES_ONLY, REAL_WORLD_CONVENTIONS, REAL_WORLD_IN_PROCESS,
-                   REAL_WORLD_PROCESSES_ONLY, REAL_WORLD_TEST_ALL_ONLY)
+from tiers import (KERAS_PATTERNS_IN_PROCESS_TEST_ALL_ONLY, KERAS_PATTERNS_PROCESSES_ONLY,
+                   REAL_WORLD_CONVENTIONS, REAL_WORLD_IN_PROCESS, REAL_WORLD_PROCESSES_ONLY,
+                   REAL_WORLD_TEST_ALL_ONLY)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 import failure_modes  # noqa: E402  pylint: disable=wrong-import-position
@@ -72,7 +73,8 @@ def prefixed(name, arrays):
     return {f"{name}/{key}": np.asarray(value) for key, value in arrays.items()}
 
 
-@pytest.mark.parametrize("name,kind,world", configured(PATTERN_CASES))
+@pytest.mark.parametrize("name,kind,world", configured(
+    PATTERN_CASES, [n for n in PATTERN_CASES if n not in KERAS_PATTERNS_IN_PROCESS_TEST_ALL_ONLY]))
 def test_keras_pattern_trains_like_one_process(name, kind, world):
     case = keras_patterns.CASES[name]
     reference = simulate_processes(1, lambda rank: case(make_strategy("ring")))[0]

@@ -43,13 +43,28 @@ def pattern_names():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The single-process run every configuration is compared with (run once)."""
-    prefix = str(tmp_path_factory.mktemp("patterns") / "np1")
-    done = subprocess.run([sys.executable, script("keras_patterns.py"), prefix],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return load_ranks(prefix, 1)[0]
+def references(tmp_path_factory):
+    """The single-process runs configurations are compared with: `references(cases)` runs the
+    script once per list of cases (None: every case) and keeps it for the module."""
+    runs = {}
+
+    def reference(cases=None):
+        if cases not in runs:
+            prefix = str(tmp_path_factory.mktemp("patterns") / "np1")
+            done = subprocess.run([sys.executable, script("keras_patterns.py"), prefix]
+                                  + (["--cases", cases] if cases else []),
+                                  capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, done.stderr[-3000:]
+            runs[cases] = load_ranks(prefix, 1)[0]
+        return runs[cases]
+
+    return reference
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    """The single-process run of every case (make test-all's configurations)."""
+    return references()
 
 
 def run(tmp_path, world, strategy_args, cases=None, launcher=None, extra_env=None):
@@ -66,6 +81,7 @@ def assert_matches_one_process(reference, ranks):
                                         skip=RANK_AGREEMENT_ONLY)
 
 
+@pytest.mark.slow  # make test: the in-process tier checks every pattern against one rank
 def test_reference_trains_and_covers_every_pattern(reference):
     cases = {key.split("/")[0] for key in reference}
     assert cases == set(pattern_names()), sorted(set(pattern_names()) ^ cases)
@@ -86,13 +102,14 @@ def test_ring_collective_three_processes(reference, tmp_path):
     assert ranks[0]["custom_low_level/epochs_run"] == 3
 
 
-def test_parameter_server_two_processes_without_onednn(reference, tmp_path):
+def test_parameter_server_two_processes_without_onednn(references, tmp_path):
     """Sparse gradients and weights, and the cases only processes can run (`tiers.py`:
     PyDataset shuffles with Python's `random`, per-rank BatchNorm statistics), with
     TensorFlow's oneDNN kernels forced off (`helpers.onednn`; real_world's ring forces them
     on)."""
     cases = PS_SUBSET.split(",") + list(KERAS_PATTERNS_PROCESSES_ONLY)
     ranks = run(tmp_path, 2, ["--strategy", "ps"], cases=",".join(cases), extra_env=onednn("0"))
+    reference = references(",".join(cases))  # these cases only: a third of the whole script
     assert len(assert_matches_one_process(reference, ranks)) == len(cases)
 
 

@@ -65,10 +65,11 @@ CONFIGURATIONS = {
     "ring-horovod": ("horovodrun", signal.SIGKILL, 2, 2, "numpy",
                      ["--strategy", "ring", "--backend", "horovod"], None),
 }
-# make test: a kill and a restart (Ray Train's); tfdist-run's kill, restart at fewer
-# processes and a planned resize (the notice path, another size, the backup on the chief only,
-# unseeded tf.data) are test_elastic.py's job. Every other case in make test-all.
-FAST = ("ray-restarted",)
+# make test: tfdist-run's kill, restart at fewer processes and a planned resize (the notice
+# path, another size, the backup on the chief only, unseeded tf.data) are test_elastic.py's
+# job; every case here (Ray Train's restart among them: a minute, most of it Ray's start) in
+# make test-all.
+FAST = ()
 RESTARTS = ("--max-restarts", "--max-failures")
 RESUMED_AT = re.compile(r"resuming from the backup in \S+: epoch (\d+) after (\d+) of its steps")
 

@@ -8,7 +8,8 @@ cases simulated ranks cannot run and the conventions that run in both;
 `make test-all` runs every case in both tiers. So that `make test` stays
 within its 20 minutes, the real-world cases that take longer than a few
 seconds as simulated ranks (`REAL_WORLD_TEST_ALL_ONLY`) run in `make
-test-all` only, and `make test` keeps one launch per launcher, strategy and
+test-all` only, and `make test` keeps one launch per launcher (but Ray's: a minute, most of
+it Ray's own start; test_resume's Ray Train restart is in make test-all), strategy and
 failure kind (the other kill-matrix victims, the second parameter-server
 layout, Horovod's small buckets, ... are `slow`). Launches that differed
 only in a flag share one where the world size is the same: the small
@@ -49,6 +50,10 @@ REAL_WORLD_PROCESSES_ONLY = ("seeded_before_strategy", "reshuffled_dataset",
 # keras_patterns.py cases simulated ranks cannot run: Python's `random` shuffles a PyDataset
 # between threads; per-rank BatchNorm statistics only agree across ranks.
 KERAS_PATTERNS_PROCESSES_ONLY = ("pydataset", "pydataset_unseeded", "batchnorm_empty_slices")
+# keras_patterns.py cases the in-process tier runs in make test-all only: make test's
+# parameter-server launch (test_keras_patterns.py) runs them as 2 processes (sample and class
+# weights on three outputs: 19 s as 4 simulated ranks).
+KERAS_PATTERNS_IN_PROCESS_TEST_ALL_ONLY = ("multi_io_weights",)
 # real_world.py cases neither tier runs in make test (seconds-long as simulated ranks): make
 # test-all runs them in-process and as 2, 3 and 4 processes.
 REAL_WORLD_TEST_ALL_ONLY = ("layers_on_empty_slices", "save_then_load", "sequence_tagger",

@@ -1,6 +1,6 @@
 """Worker script: a shuffled fit backed up every 5 steps, stopped mid-epoch and resumed.
 
-    python resume_mid_epoch.py OUT BACKUP_DIR [--strategy plain|ring|tree|ps|async]
+    python resume_mid_epoch.py OUT BACKUP_DIR [--strategy plain|ring|sharded|tree|ps|async]
         [--backend auto|horovod] [--input numpy|tfdata|tfdata-unseeded|pydataset] [--dropout]
         [--stop-at-step S] [--announce [--pause-after STEP:SECONDS]] [--backup-per-rank]
 
@@ -41,6 +41,7 @@ ROWS, BATCH, EPOCHS, SAVE_FREQ = 360, 32, 6, 5
 STRATEGIES = {
     "plain": lambda: None,
     "ring": tfdist.strategies.RingAllReduceStrategy,
+    "sharded": lambda: tfdist.strategies.RingAllReduceStrategy(shard_optimizer_state=True),
     "tree": lambda: tfdist.strategies.ReductionTreeStrategy(fanout=2),
     "ps": tfdist.strategies.ParameterServerStrategy,
     "async": lambda: tfdist.strategies.ParameterServerStrategy(mode="async"),

@@ -51,7 +51,7 @@ from absl import logging
 
 from tfdist.fault_tolerance import elastic_channel
 from tfdist.fault_tolerance.restarts import restart_count
-from tfdist.strategies import rank_state, save_records
+from tfdist.strategies import rank_state, save_records, sharded_optimizer_state
 from tfdist.fault_tolerance.checkpoint_files import save_backup, write_atomically
 from tfdist.fault_tolerance.training_state import TrainingState, callback_key
 
@@ -105,6 +105,11 @@ class BackupState:
     def save(self, epoch: int, steps_done: int) -> None:
         """Write the backup of the moment: `steps_done` steps of `epoch` trained."""
         # pylint: disable=protected-access
+        with sharded_optimizer_state.consolidated(self.model):  # every rank: a sharded state
+            self._save(epoch, steps_done)
+
+    def _save(self, epoch: int, steps_done: int) -> None:
+        # pylint: disable=protected-access
         callback = self.callback
         if not self.strategy.is_chief:
             rank_state.save(self.model, callback._weights_path, self.strategy)
@@ -139,7 +144,8 @@ class BackupState:
             _build_optimizer(self.model)  # its state is in the backup (built on every rank)
         if self.strategy.is_chief:
             restored = tf.io.gfile.exists(self.callback._weights_path)
-            keras_restore(logs)  # Keras' own: the weights, and the epoch into model._initial_epoch
+            with sharded_optimizer_state.keeping_loaded(self.model):  # shared by `sync`
+                keras_restore(logs)  # Keras' own: the weights, the epoch into model._initial_epoch
             state = self._read_training_state() if restored else None
             if not restored and restart_count():
                 print(f"tfdist: restart {restart_count()}: no backup in "
@@ -169,10 +175,13 @@ class BackupState:
         model._initial_epoch = int(epoch) or None  # pylint: disable=protected-access
         state = TrainingState.share(communicator, state)
         _build_optimizer(model)
+        sliced = {id(v) for v in sharded_optimizer_state.sharded_slots(model)}
         variables = list(model.weights) + list(model.optimizer.variables
                                                 if model.optimizer else [])
         for variable in variables:
-            variable.assign(communicator.broadcast(variable.value))
+            if id(variable) not in sliced:
+                variable.assign(communicator.broadcast(variable.value))
+        sharded_optimizer_state.share_loaded_state(model)  # each rank its slices of the chief's
         rank_state.restore(model, self.callback._weights_path, self.strategy)  # pylint: disable=protected-access
         return True, state
 

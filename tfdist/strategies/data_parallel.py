@@ -33,6 +33,7 @@ parameter server also its own step (`extended_class`, `asynchronous`).
 """
 
 import contextlib
+import threading
 import time
 
 import tensorflow as tf
@@ -60,6 +61,7 @@ from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_
 from tfdist.strategies.local_state import LocalStateSync
 from tfdist.fault_tolerance.preemption import PreemptionNotice
 from tfdist.strategies.random_state import align_random_state
+from tfdist.strategies.sharded_optimizer_state import check_shardable_compression
 from tfdist.strategies.sharding import batch_rows, leading_rows, shard_global_batch
 
 
@@ -81,6 +83,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     asynchronous = False
     remote_updates = None
     _aggregator_built = False  # an optimizer built the aggregation hook's state
+    # Optimizer state sharded across the ranks (ZeRO stage 1, `sharded_optimizer_state`);
+    # set by `RingAllReduceStrategy(shard_optimizer_state=True)`.
+    shard_optimizer_state = False
     per_rank_input = False  # each rank's data is its own (Horovod's semantics); set in __init__
     communication_counters: CommunicationCounters  # set in __init__
     agreed_flags: AgreedFlags  # set in __init__
@@ -117,6 +122,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self.save_log = None  # the job's log of the chief's saves (several processes)
         self.preemption = PreemptionNotice(self.agreed_flags, self._cluster.rank,
                                            self._cluster.timeout)
+        self._rank_local = threading.local()
 
     def _use_aggregator(self, aggregator):
         self._aggregator = aggregator
@@ -132,6 +138,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         stateless compressions ("none", "fp16") may replace each other: a stateful one's error
         feedback would be lost."""
         aggregator = with_compression(self._plain_aggregator, compression)
+        if self.shard_optimizer_state:
+            check_shardable_compression(getattr(aggregator, "compression_name", "none"),
+                                        self._cluster.rank)
         stateless = {"none", "fp16"}
         names = {self.compression_name, getattr(aggregator, "compression_name", "none")}
         if self._aggregator_built and not names <= stateless:
@@ -183,8 +192,21 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         return self._cluster.is_chief
 
     # ------------------------------------------------------------ variables
+    @contextlib.contextmanager
+    def rank_local_variables(self):
+        """Variables created inside are this rank's own from the start: not broadcast from
+        rank 0 (their shapes may differ per rank: a sharded optimizer's slices) and never
+        made global."""
+        previous = getattr(self._rank_local, "active", False)
+        self._rank_local.active = True
+        try:
+            with self._local_state.rank_own_variables():
+                yield
+        finally:
+            self._rank_local.active = previous
+
     def _create_variable(self, next_creator, **kwargs):
-        if self._one_process:
+        if self._one_process or getattr(self._rank_local, "active", False):
             return super()._create_variable(next_creator, **kwargs)
         if kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ:
             kwargs["initial_value"] = self._broadcast_initial_value(kwargs)

@@ -32,6 +32,9 @@ class StrategyExtended(Protocol):
     """Each rank's data is its own (Horovod's semantics); False: every rank passes the same
     global data and takes its slice."""
 
+    shard_optimizer_state: bool
+    """Optimizer state sharded across the ranks (ZeRO stage 1,
+    `tfdist.strategies.sharded_optimizer_state`)."""
     remote_updates: Optional[Any]
     """The asynchronous parameter-server client of the workers, or None (synchronous)."""
 
@@ -77,6 +80,10 @@ class StrategyExtended(Protocol):
     def replica_context(self) -> contextlib.AbstractContextManager:
         """This process's replica context (outside a step its `all_reduce` sums over the ranks
         through the strategy's gradient path)."""
+
+    def rank_local_variables(self) -> contextlib.AbstractContextManager:
+        """Variables created inside are this rank's own from the start (not broadcast: a
+        sharded optimizer's slices differ in shape per rank)."""
 
     def build_aggregator_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         """The hook's state for `variables`, as `optimizer`'s variables."""

@@ -7,6 +7,7 @@ from tfdist.aggregation.parameter_server.async_client import AsyncParameterServe
 from tfdist.aggregation.parameter_server.colocated import ColocatedServer
 from tfdist.strategies.asynchronous import AsynchronousExtended
 from tfdist.strategies.data_parallel import DataParallelStrategy
+from tfdist.strategies.sharded_optimizer_state import refuse_sharding
 
 MODES = ("sync", "async")
 
@@ -72,7 +73,11 @@ class ParameterServerStrategy(DataParallelStrategy):
     """
 
     def __init__(self, num_servers=None, mode="sync", staleness=None,
-                 piece_bytes=DEFAULT_PIECE_BYTES, compression=None):
+                 piece_bytes=DEFAULT_PIECE_BYTES, compression=None, shard_optimizer_state=False):
+        if shard_optimizer_state:
+            refuse_sharding("ParameterServerStrategy", runtime.cluster().rank,
+                            "its servers already keep the parameters and the optimizer state, "
+                            "each server its part, and no worker holds optimizer state")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}. Got: {mode!r}")
         if mode == "sync" and staleness is not None:

@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdist.strategies import rank_state
+from tfdist.strategies import rank_state, sharded_optimizer_state
 
 _SHOWN = 5  # variables named in an error
 
@@ -50,8 +50,10 @@ class ReplicasDiverged(RuntimeError):
 
 def compared_variables(model) -> list:
     """The variables every rank must hold alike: the model's weights and its optimizer's
-    variables, less each rank's own state (`rank_state`)."""
+    variables, less each rank's own state (`rank_state`) and the slices of a sharded
+    optimizer state (`sharded_optimizer_state`)."""
     own = {id(v) for v in rank_state.rank_own_variables(model)}
+    own |= {id(v) for v in sharded_optimizer_state.sharded_slots(model)}  # each rank's slices
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.weights)
     if optimizer is not None and getattr(optimizer, "built", False):

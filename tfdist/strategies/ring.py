@@ -7,6 +7,7 @@ from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
 from tfdist.comm.tf_collective import check_implementation
 from tfdist.strategies.data_parallel import DataParallelStrategy
+from tfdist.strategies.sharded_optimizer_state import check_shardable_compression
 
 BACKENDS = ("auto", "horovod", "collective")
 
@@ -68,6 +69,12 @@ class RingAllReduceStrategy(DataParallelStrategy):
             `tfdist.horovod.keras` uses): batches are per rank, the global batch is
             every rank's together; see `DataParallelStrategy`. Default False: the
             same global data on every rank, sliced by tfdist.
+        shard_optimizer_state: ZeRO stage 1: each rank keeps the optimizer state
+            (Adam's moments, momentum, EMA, accumulators) of 1/P of the parameters,
+            updates those and the parameters are all-gathered after each step;
+            training, evaluation and saved files equal the unsharded strategy's.
+            Element-wise optimizers only; with "fp16" or no compression. Algorithm,
+            guarantee and cost: `tfdist.strategies.sharded_optimizer_state`.
 
     Example:
 
@@ -83,7 +90,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
 
     def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
                  compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
-                 implementation="auto", per_rank_input=False):
+                 implementation="auto", per_rank_input=False, shard_optimizer_state=False):
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts
@@ -98,3 +105,6 @@ class RingAllReduceStrategy(DataParallelStrategy):
         if why is not None:
             chief_log.info(self.is_chief, "tfdist RingAllReduceStrategy: backend 'auto': %s",
                            why, once=True)
+        if shard_optimizer_state:
+            check_shardable_compression(self.extended.compression_name, self.rank)
+            self.extended.shard_optimizer_state = True

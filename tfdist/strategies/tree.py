@@ -3,7 +3,9 @@
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.tree import (DEFAULT_CHUNK_BYTES, ReductionTreeAggregator,
                                     validate_fanout)
+from tfdist import runtime
 from tfdist.strategies.data_parallel import DataParallelStrategy
+from tfdist.strategies.sharded_optimizer_state import refuse_sharding
 
 
 class ReductionTreeStrategy(DataParallelStrategy):
@@ -46,7 +48,12 @@ class ReductionTreeStrategy(DataParallelStrategy):
 
     def __init__(self, fanout=2, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES, compression=None,
-                 first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES):
+                 first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES, shard_optimizer_state=False):
+        if shard_optimizer_state:
+            refuse_sharding("ReductionTreeStrategy", runtime.cluster().rank,
+                            "the tree sums through its root and sends every rank the whole "
+                            "sum; sharding pairs the ring's all-reduce with its all-gather of "
+                            "the parameters")
         self.fanout = validate_fanout(fanout)
         super().__init__(
             lambda communicator: ReductionTreeAggregator(

@@ -236,8 +236,10 @@ def _with_step_timeout(model, callbacks):
 
 def _for_non_chief(callbacks, strategy):
     """A non-chief rank's callbacks: no writers, except `ModelCheckpoint` where the gradient
-    compressor keeps per-rank state (its `model.save` writes only that, `rank_state`)."""
-    own_state = backup_state.keeps_rank_state(strategy)
+    compressor keeps per-rank state (its `model.save` writes only that, `rank_state`) or the
+    optimizer state is sharded (its `model.save` gives the chief this rank's slices)."""
+    own_state = (backup_state.keeps_rank_state(strategy)
+                 or strategy.extended.shard_optimizer_state)
     return [callback for callback in (keras.tree.flatten(callbacks) if callbacks else [])
             if not isinstance(callback, _CHIEF_ONLY_WRITERS)
             or (own_state and isinstance(callback, keras.callbacks.ModelCheckpoint))]

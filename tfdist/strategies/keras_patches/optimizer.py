@@ -10,7 +10,8 @@ from tfdist.strategies.step_plan import DEFERRED, REMOTE
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import (BaseOptimizer, LossScaleOptimizer,
                                                               TFOptimizer)
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_patches import optimizer_sharding, patch_points
+from tfdist.strategies.sharded_optimizer_state import shards_of
 
 
 def _build_as_apply_does(optimizer, variables):
@@ -19,6 +20,16 @@ def _build_as_apply_does(optimizer, variables):
     with keras_internals.backend.name_scope(optimizer.name, caller=optimizer):
         optimizer.build(variables)
     optimizer.built = True
+
+
+def _refuse_local_gradients_if_sharded(optimizer):
+    """A sharded optimizer applies global gradients only: inside a step of its strategy."""
+    shards = shards_of(optimizer)
+    if shards is not None:
+        raise ValueError(
+            f"tfdist rank {shards.rank}: {optimizer.name}'s state is sharded across the ranks "
+            "(shard_optimizer_state=True): apply its gradients inside strategy.run(...) (or "
+            "fit), where they are summed over the ranks first.")
 
 
 def install():
@@ -39,7 +50,10 @@ def install():
     def aggregating(original):
         def apply(self, grads, trainable_variables=None):
             step = replica_step.current()
-            if step is None or step.gradients_aggregated:
+            if step is not None and step.gradients_aggregated:
+                return _apply_global(self, grads, trainable_variables)
+            if step is None:
+                _refuse_local_gradients_if_sharded(self)
                 return original(self, grads, trainable_variables)
             strategy = tf.distribute.get_strategy()
             grads = list(grads)
@@ -55,13 +69,20 @@ def install():
                     tuple(grads),
                     tuple(variables) if len(variables) == len(grads) else None,
                     step.loss_was_weighted_for(self),
-                    lambda global_grads: original(self, global_grads, trainable_variables)))
+                    lambda global_grads: _apply_global(self, global_grads, trainable_variables)))
                 return None
             grads = strategy.extended.aggregate_gradients(
                 grads, variables=variables if len(variables) == len(grads) else None,
                 weighted_in_loss=step.loss_was_weighted_for(self))
             with step.aggregated_gradients():
-                return original(self, grads, trainable_variables)
+                return _apply_global(self, grads, trainable_variables)
+
+        def _apply_global(self, grads, trainable_variables):
+            """Keras' apply of the global gradients (on this rank's shards if sharded)."""
+            if shards_of(self) is not None:
+                return optimizer_sharding.apply_sharded(self, original, grads,
+                                                        trainable_variables)
+            return original(self, grads, trainable_variables)
 
         return apply
 
@@ -80,9 +101,13 @@ def install():
     def with_aggregator_state(original):
         @functools.wraps(original)  # check_keras reads the original through it
         def build(self, variables):
-            original(self, variables)
             strategy = tf.distribute.get_strategy()
-            if getattr(strategy, "is_tfdist_data_parallel", False):
+            tfdist = getattr(strategy, "is_tfdist_data_parallel", False)
+            if tfdist:  # before any slot exists: a sharded optimizer's slots are slices
+                optimizer_sharding.begin_build(self, list(variables), strategy.extended)
+            original(self, variables)
+            if tfdist:
+                optimizer_sharding.end_build(self)
                 strategy.extended.build_aggregator_state(self, list(variables))
 
         return build

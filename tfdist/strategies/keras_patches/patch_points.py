@@ -115,6 +115,20 @@ POINTS = (
                "a subclass would change the optimizer's saved form (Keras serializes a class "
                "by its public name), an attribute of the one object does not",
                per_instance=True),
+    # optimizer_sharding (one optimizer, built under shard_optimizer_state=True)
+    PatchPoint("BaseOptimizer", ("add_variable_from_reference", "_clip_gradients",
+                                 "_update_model_variables_moving_average",
+                                 "_overwrite_model_variables_with_average_value",
+                                 "finalize_variable_values", "save_own_variables",
+                                 "load_own_variables"), "optimizer_sharding",
+               "a sharded optimizer's slots hold one rank's slices: their shapes, the norms of "
+               "clipping, EMA and the saved whole state differ from Keras' per-variable code, "
+               "which has no hook for a slot's shape or a variable's part; a subclass would "
+               "change the optimizer's class and saved form, attributes of the one object do "
+               "not", per_instance=True),
+    PatchPoint("TFOptimizer", ("_all_reduce_sum_gradients",), "optimizer_sharding",
+               "the last point before Keras' update steps: each pair's variable becomes the "
+               "rank's shard variable, after weight decay", per_instance=True),
     # data (during the symbolic build only)
     PatchPoint("BaseOptimizer", ("assign", "assign_add", "assign_sub"), "data",
                "the optimizer built after the symbolic build drops its build-time assignments, "

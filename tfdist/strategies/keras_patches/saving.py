@@ -29,7 +29,7 @@ import shutil
 import keras
 from absl import logging
 
-from tfdist.strategies import rank_state, save_records
+from tfdist.strategies import rank_state, save_records, sharded_optimizer_state
 from tfdist.fault_tolerance.checkpoint_files import save_model_atomically, writer_tag
 from tfdist.strategies.keras_patches.model_strategy import is_non_chief_model, tfdist_strategy
 from tfdist.strategies.keras_patches import patch_points
@@ -113,9 +113,10 @@ def install():
                 return _original(self, *args, **kwargs)
             filepath = _filepath(args, kwargs)
             rank_state.save(self, filepath, strategy)
-            return _on_the_chief(self, f"Model.{_name}", filepath, lambda before_rename: (
-                save_model_atomically(_original, self, *args, before_rename=before_rename,
-                                      **kwargs)))
+            with sharded_optimizer_state.consolidated(self):  # a sharded state, whole
+                return _on_the_chief(self, f"Model.{_name}", filepath, lambda before_rename: (
+                    save_model_atomically(_original, self, *args, before_rename=before_rename,
+                                          **kwargs)))
 
         patch_points.replace("keras.Model", method_name, chief_only)
 

@@ -1,0 +1,212 @@
+"""Worker script: training with the optimizer state sharded across the ranks (ZeRO stage 1).
+
+Usage: python sharded_optimizer.py OUT [--cases a,b,...] [--strategy plain|sharded|ring]
+                                       [--backend auto|collective|horovod] [--workdir DIR]
+
+`plain` is the script without tfdist (the reference), `sharded` is
+`RingAllReduceStrategy(shard_optimizer_state=True)`, `ring` the same strategy
+unsharded. Each case trains a small model with `fit` (101 rows in global batches
+of 32: the last batch has 5 rows, so 4 ranks get slices of 2, 1, 1, 1 and more
+ranks empty ones), evaluates and predicts, and returns its arrays; the saving
+case also saves the model and its weights (on every rank, keras.io's way) into
+the work directory. Every rank writes OUT.rank<R>.npz ("<case>/<name>" keys) and
+the bytes of its optimizer's variables ("<case>/optimizer_bytes").
+
+Cases: SGD with Nesterov momentum and clipnorm and a max-norm constraint;
+Adam on a cosine-decay schedule with global_clipnorm; AdamW with weight decay
+excluding the biases by name; a LossScaleOptimizer around Adam with EMA
+(overwritten every 3 steps) and gradient accumulation; RMSprop with clipvalue
+in a custom `train_step`; a custom loop over `strategy.run` with Adam; and
+saving (model.save, save_weights) then loading back.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from case_runner import cases_of, rank_of, results, run_cases  # noqa: E402
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+ROWS, FEATURES, CLASSES, BATCH, EPOCHS = 101, 12, 3, 32, 3
+WORKDIR = ["."]
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
+    y = (np.abs(x[:, :CLASSES]).argmax(axis=1)).astype("int32")
+    return x, y
+
+
+def build(strategy, optimizer_fn, constraint=None, model_class=keras.Sequential):
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        layers = [keras.Input((FEATURES,)),
+                  keras.layers.Dense(17, activation="relu", kernel_constraint=constraint),
+                  keras.layers.Dense(9, activation="tanh"),
+                  keras.layers.Dense(CLASSES)]
+        model = model_class(layers)
+        model.compile(optimizer=optimizer_fn(),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model
+
+
+def optimizer_bytes(model):
+    return sum(int(np.prod(v.shape)) * v.dtype_size if hasattr(v, "dtype_size") else
+               int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+               for v in model.optimizer.variables)
+
+
+def fit_and_report(model, callbacks=(), **extra):
+    x, y = data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                        callbacks=list(callbacks))
+    evaluation = model.evaluate(x, y, batch_size=BATCH, return_dict=True, verbose=0)
+    predictions = model.predict(x[:37], batch_size=16, verbose=0)
+    return results(model, history, evaluation, predictions,
+                   optimizer_bytes=optimizer_bytes(model), **extra)
+
+
+def case_sgd_nesterov_clipnorm(strategy):
+    model = build(strategy, lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True,
+                                                         clipnorm=0.5),
+                  constraint=keras.constraints.MaxNorm(0.8))
+    return fit_and_report(model)
+
+
+def case_adam_schedule_global_clipnorm(strategy):
+    model = build(strategy, lambda: keras.optimizers.Adam(
+        keras.optimizers.schedules.CosineDecay(0.02, 8), global_clipnorm=0.3))
+    return fit_and_report(model)
+
+
+def case_adamw_decay_excluding_biases(strategy):
+    def adamw():
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.1)
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+        return optimizer
+
+    return fit_and_report(build(strategy, adamw))
+
+
+def case_loss_scale_ema_accumulation(strategy):
+    model = build(strategy, lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3,
+                              gradient_accumulation_steps=2)))
+    arrays = fit_and_report(model)
+    arrays["loss_scale"] = model.optimizer.dynamic_scale.numpy()
+    return arrays
+
+
+class CustomStep(keras.Sequential):
+    """keras.io's "Customizing what happens in fit()": its own tape and apply."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def case_custom_train_step_rmsprop(strategy):
+    model = build(strategy, lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, clipvalue=0.2),
+                  model_class=CustomStep)
+    return fit_and_report(model)
+
+
+def case_custom_loop_adam(strategy):
+    """The TF guide's custom loop: a global batch distributed, a loss scaled by the global
+    batch, `strategy.run`, the optimizer's slots created in the first step."""
+    x, y = data()
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(13, "relu"),
+                                  keras.layers.Dense(CLASSES)])
+        optimizer = keras.optimizers.Adam(0.01, clipnorm=1.0)
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction="none")
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+
+    def step(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            per_example = loss_object(labels, model(features, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(inputs):
+        losses = strategy.run(step, args=(inputs,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    losses = [float(train_step(batch)) for _ in range(EPOCHS) for batch in dataset]
+    return {**{f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())},
+            "losses": np.asarray(losses),
+            "optimizer_bytes": sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+                                   for v in optimizer.variables)}
+
+
+def case_save_and_load(strategy):
+    """ModelCheckpoint(save_best_only=True) in fit, model.save and save_weights on every rank
+    after it (keras.io's way), read back: the files hold the whole optimizer state;
+    load_model trains on."""
+    model = build(strategy, lambda: keras.optimizers.Adam(0.01))
+    checkpoint = keras.callbacks.ModelCheckpoint(os.path.join(WORKDIR[0], "best.keras"),
+                                                 monitor="loss", save_best_only=True)
+    arrays = fit_and_report(model, [checkpoint])
+    path = os.path.join(WORKDIR[0], "model.keras")
+    model.save(path)
+    model.save_weights(os.path.join(WORKDIR[0], "model.weights.h5"))
+    with strategy.scope():
+        loaded = keras.saving.load_model(path)
+    x, y = data(1)
+    history = loaded.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    arrays.update({f"loaded_{k}": v for k, v in results(loaded, history).items()})
+    return arrays
+
+
+CASES = cases_of(globals())
+
+
+def make_strategy(kind, backend="auto"):
+    if kind == "plain":
+        return tf.distribute.get_strategy()
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    return tfdist.strategies.RingAllReduceStrategy(
+        backend=backend, shard_optimizer_state=(kind == "sharded"))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--strategy", choices=("plain", "sharded", "ring"), default="sharded")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--workdir", default=".")
+    args = parser.parse_args()
+    WORKDIR[0] = args.workdir
+    strategy = make_strategy(args.strategy, args.backend)
+    del rank_of
+    run_cases(CASES, args.cases.split(","), strategy, args.out)
+
+
+if __name__ == "__main__":
+    main()

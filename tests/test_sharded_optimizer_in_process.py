@@ -1,0 +1,154 @@
+"""Optimizer-state sharding (`RingAllReduceStrategy(shard_optimizer_state=True)`) at simulated
+ranks: the plain script's training, files and resume, each rank holding 1/P of the state.
+
+Each case of tests/scripts/sharded_optimizer.py (SGD with Nesterov momentum, clipnorm and a
+constraint; Adam on a schedule with global_clipnorm; AdamW excluding biases from weight
+decay; a LossScaleOptimizer around Adam with EMA and gradient accumulation; RMSprop with
+clipvalue in a custom train_step; the TF guide's custom loop; save and load) trains at 2, 3
+or 4 ranks on 101 rows in batches of 32 (uneven slices; empty ones at 4) and must end with
+the plain script's weights, history, evaluation and predictions (1e-4), every rank alike,
+each rank's optimizer variables about 1/P of the plain optimizer's bytes. The saved files
+hold the whole state: the same arrays as the plain script's files. A backup written by 3
+ranks resumes at 2 (re-sharded) exactly. Refusals: the tree, the parameter servers, a lossy
+compressor, an update rule that is not element-wise, an apply outside a step.
+"""
+
+import os
+import sys
+import zipfile
+
+import h5py
+import numpy as np
+import pytest
+
+from helpers import assert_ranks_match_reference
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
+import sharded_optimizer  # noqa: E402  pylint: disable=wrong-import-position
+
+import keras  # noqa: E402  pylint: disable=wrong-import-position
+import tfdist  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.comm.simulated import SimulationError  # noqa: E402  pylint: disable=wrong-import-position
+from tfdist.simulation import simulate_processes  # noqa: E402  pylint: disable=wrong-import-position
+
+RTOL, ATOL = 1e-5, 1e-4
+WORLDS = {"sgd_nesterov_clipnorm": 2, "adam_schedule_global_clipnorm": 3,
+          "adamw_decay_excluding_biases": 4, "loss_scale_ema_accumulation": 4,
+          "custom_train_step_rmsprop": 3, "custom_loop_adam": 3, "save_and_load": 2}
+
+
+def run_case(name, kind, world, workdir):
+    os.makedirs(workdir, exist_ok=True)
+    sharded_optimizer.WORKDIR[0] = str(workdir)
+    case = sharded_optimizer.CASES[name]
+    if kind == "plain":
+        return case(sharded_optimizer.make_strategy("plain"))
+    return simulate_processes(world, lambda rank: case(sharded_optimizer.make_strategy(kind)))
+
+
+def test_every_case_has_a_world_size():
+    assert set(WORLDS) == set(sharded_optimizer.CASES)
+
+
+@pytest.mark.parametrize("name", sorted(WORLDS))
+def test_sharded_training_equals_the_plain_script(name, tmp_path):
+    world = WORLDS[name]
+    reference = run_case(name, "plain", 1, tmp_path / "plain")
+    ranks = run_case(name, "sharded", world, tmp_path / "sharded")
+    skip = ("optimizer_bytes",)
+    assert_ranks_match_reference(
+        {k: v for k, v in reference.items() if k not in skip},
+        [{k: v for k, v in r.items() if k not in skip} for r in ranks],
+        lambda key: (RTOL, ATOL), "the plain script")
+    # Each rank keeps about 1/P of the state (the step count and rate are whole).
+    plain_bytes = int(reference["optimizer_bytes"])
+    for rank, arrays in enumerate(ranks):
+        assert int(arrays["optimizer_bytes"]) <= plain_bytes / world + 64, (
+            rank, int(arrays["optimizer_bytes"]), plain_bytes)
+    if name == "save_and_load":
+        for file in ("best.keras", "model.keras", "model.weights.h5"):
+            assert_same_arrays(tmp_path / "plain" / file, tmp_path / "sharded" / file)
+
+
+def h5_arrays(path):
+    """Every dataset of a Keras file (a .keras zip's weights, or a .weights.h5), by path."""
+    if str(path).endswith(".keras"):
+        with zipfile.ZipFile(path) as archive:
+            target = os.path.join(os.path.dirname(path), "extracted.weights.h5")
+            with open(target, "wb") as out:
+                out.write(archive.read("model.weights.h5"))
+            path = target
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()])
+                     if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def assert_same_arrays(plain_path, sharded_path):
+    plain, sharded = h5_arrays(plain_path), h5_arrays(sharded_path)
+    assert sorted(plain) == sorted(sharded)
+    assert any("optimizer" in key for key in plain), sorted(plain)
+    for key, value in plain.items():
+        assert np.shape(sharded[key]) == np.shape(value), key
+        np.testing.assert_allclose(sharded[key], value, rtol=RTOL, atol=ATOL, err_msg=key)
+
+
+def test_a_sharded_backup_resumes_at_another_size_re_sharded(tmp_path):
+    """Adam + CosineDecay stopped at step 23 on 3 ranks (the backup, on the chief only, holds
+    the whole state of step 20); 2 ranks resume it, each taking its new slices."""
+    reference = resume_mid_epoch.train(str(tmp_path / "plain"), str(tmp_path / "plain-backup"),
+                                       "plain", "numpy")
+    backup = str(tmp_path / "backup")
+
+    def run(world, **options):
+        return simulate_processes(world, lambda rank: resume_mid_epoch.train(
+            str(tmp_path / f"run{world}"), backup, "sharded", "numpy", backup_per_rank=True,
+            **options))
+
+    assert run(3, stop_at_step=23) == [None] * 3
+    for resumed in run(2):
+        assert list(resumed["epochs"]) == list(reference["epochs"][1:])
+        assert int(resumed["steps"]) == int(reference["steps"])
+        for key, value in reference.items():
+            if key.startswith("w"):
+                np.testing.assert_allclose(resumed[key], value, rtol=0, atol=ATOL, err_msg=key)
+
+
+def refusal(make, world=2):
+    with pytest.raises(SimulationError) as failure:
+        simulate_processes(world, lambda rank: make())
+    return str(failure.value.__cause__)
+
+
+def test_what_cannot_shard_is_refused_naming_it():
+    message = refusal(lambda: tfdist.strategies.ReductionTreeStrategy(shard_optimizer_state=True))
+    assert "ReductionTreeStrategy cannot shard" in message and "RingAllReduceStrategy(" in message
+    message = refusal(lambda: tfdist.strategies.RingAllReduceStrategy(
+        compression="topk", shard_optimizer_state=True))
+    assert "compression='topk'" in message, message
+
+    def train_with(optimizer):
+        strategy = tfdist.strategies.RingAllReduceStrategy(shard_optimizer_state=True)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            model.compile(optimizer=optimizer, loss="mse")
+        model.fit(np.ones((8, 3)), np.ones((8, 2)), batch_size=4, verbose=0)
+
+    message = refusal(lambda: train_with(keras.optimizers.Adafactor()))
+    assert "Adafactor" in message and "element-wise" in message, message
+    message = refusal(lambda: train_with(keras.optimizers.Lamb()))
+    assert "Lamb" in message, message
+
+    def apply_outside_a_step():
+        strategy = tfdist.strategies.RingAllReduceStrategy(shard_optimizer_state=True)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            optimizer = keras.optimizers.SGD(0.1)
+            optimizer.build(model.trainable_variables)
+        optimizer.apply([np.ones(v.shape, "float32") for v in model.trainable_variables],
+                        model.trainable_variables)
+
+    message = refusal(apply_outside_a_step)
+    assert "inside strategy.run" in message, message

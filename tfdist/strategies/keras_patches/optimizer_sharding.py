@@ -1,0 +1,228 @@
+"""A Keras optimizer whose state is sharded across the ranks (`shard_optimizer_state=True`).
+
+The algorithm is `tfdist.strategies.sharded_optimizer_state`; this module puts it
+into one Keras optimizer object when Keras builds it under a strategy that shards,
+through attributes of that one object (`patch_points.replace_on_instance`), so the
+optimizer keeps its class, config and saved form:
+
+* `add_variable_from_reference`: a slot of a model variable gets the shape of this
+  rank's slice of it (created as the rank's own, never broadcast);
+* `_all_reduce_sum_gradients` (TensorFlow's update path, after weight decay): each
+  (gradient slice, model variable) pair becomes (gradient slice, shard variable),
+  which takes the variable's decayed slice first; pairs of variables this rank owns
+  nothing of drop out;
+* `_clip_gradients`: `clipnorm` and `global_clipnorm` with the whole gradients'
+  norms (summed over the ranks); `clipvalue` is element-wise;
+* `_update_model_variables_moving_average`, `_overwrite_model_variables_with_average_value`:
+  EMA on the shard variables; `finalize_variable_values` gathers them back;
+* `save_own_variables` / `load_own_variables`: the whole slots (consolidated by
+  `consolidated(model)` on every rank that saves) in the plain optimizer's order, so
+  the file is Keras' own; a load takes this rank's slices of the whole slots.
+
+`apply_sharded` is the apply: the global gradients cut to this rank's slices, Keras'
+own `apply` on them, the parameters gathered, constraints applied.
+"""
+
+import functools
+
+import keras
+import tensorflow as tf
+
+from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
+from tfdist.strategies.sharded_optimizer_state import OptimizerShards, register, shards_of
+
+# Keras' optimizers whose update of an element reads only that element (and scalars).
+ELEMENT_WISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta",
+                "Ftrl", "Lion")
+
+
+def _update_rule_owner(optimizer):
+    """The class whose `update_step` `optimizer` runs."""
+    return next(cls for cls in type(optimizer).__mro__ if "update_step" in vars(cls))
+
+
+def _check_shardable(optimizer, variables, rank):
+    owner = _update_rule_owner(optimizer)
+    known = {name: getattr(keras.optimizers, name, None) for name in ELEMENT_WISE}
+    if owner not in known.values():
+        raise ValueError(
+            f"tfdist rank {rank}: shard_optimizer_state=True updates each rank's slice of "
+            "every variable on its own, which equals the whole update only for an element-wise "
+            f"rule ({', '.join(ELEMENT_WISE)}, or a LossScaleOptimizer around one); "
+            f"{type(optimizer).__name__}'s update_step ({owner.__module__}.{owner.__name__}) "
+            "is not one of them. Use one of those, or shard_optimizer_state=False.")
+    direct = [getattr(v, "path", v.name) for v in variables
+              if getattr(v, "overwrite_with_gradient", False)]
+    if direct:
+        raise ValueError(
+            f"tfdist rank {rank}: shard_optimizer_state=True cannot shard variables that take "
+            f"their gradient as their value (overwrite_with_gradient: {direct}, float8 "
+            "training); use shard_optimizer_state=False.")
+
+
+def begin_build(optimizer, variables, extended):
+    """Called as Keras builds `optimizer` for `variables` under a tfdist strategy (before any
+    slot exists): shards its state if the strategy asks for it; the `OptimizerShards` or None."""
+    if (not getattr(extended, "shard_optimizer_state", False)
+            or extended.communicator.world_size == 1
+            or isinstance(optimizer, LossScaleOptimizer) or shards_of(optimizer) is not None):
+        return None
+    _check_shardable(optimizer, variables, extended.communicator.rank)
+    shards = OptimizerShards(variables, extended.communicator, extended.rank_local_variables)
+    register(optimizer, shards)
+    _install(optimizer, shards, extended)
+    return shards
+
+
+def end_build(optimizer):
+    """After Keras built `optimizer`: its update steps find their slots by shard variable."""
+    shards = shards_of(optimizer)
+    if shards is None:
+        return
+    indices = optimizer._trainable_variables_indices  # pylint: disable=protected-access
+    for i, shard in enumerate(shards.shard_variables):
+        indices[optimizer._var_key(shard)] = i  # pylint: disable=protected-access
+
+
+def apply_sharded(optimizer, original_apply, grads, trainable_variables):
+    """Keras' `apply` of `optimizer` on this rank's slices of the global `grads`, then the
+    parameters gathered from every rank and the variables' constraints applied."""
+    shards = shards_of(optimizer)
+    variables = list(trainable_variables if trainable_variables is not None
+                     else optimizer._trainable_variables)  # pylint: disable=protected-access
+    indices = [shards.index_of(v) for v in variables]
+    if any(i is None for i in indices):
+        unknown = [getattr(v, "path", v.name) for v, i in zip(variables, indices) if i is None]
+        raise ValueError(f"tfdist: unknown variables for {optimizer.name}: {unknown}")
+    grads = list(grads)
+    slices = [None if g is None else shards.local_part(g, i) for g, i in zip(grads, indices)]
+    shards.copy_in()
+    result = original_apply(optimizer, slices, variables)
+    applied = [i for g, i in zip(grads, indices) if g is not None]
+    shards.gather_into_model()
+    for i in applied:
+        variable = shards.variables[i]
+        if getattr(variable, "constraint", None) is not None:
+            variable.assign(variable.constraint(variable))
+    return result
+
+
+def _install(optimizer, shards, extended):
+    """The per-object overrides of the module docstring."""
+    cls = type(optimizer)
+
+    def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):
+        shape = shards.slot_shape(reference_variable)
+        if shape is None:
+            return cls.add_variable_from_reference(optimizer, reference_variable, name=name,
+                                                   initializer=initializer)
+        with extended.rank_local_variables():  # (TensorFlow's colocation: one device here)
+            slot = BaseOptimizer.add_variable_from_reference(
+                optimizer, _SliceReference(reference_variable, shape), name=name,
+                initializer=initializer)
+        shards.remember_slot(slot, reference_variable)
+        return slot
+
+    def _all_reduce_sum_gradients(grads_and_vars):
+        pairs = []
+        for grad, variable in grads_and_vars:
+            index = shards.index_of(variable)
+            if index is None or not shards.local_size(index):
+                continue
+            shards.copy_in([index])  # after weight decay changed the whole variable
+            pairs.append((grad, shards.shard_variables[index]))
+        return pairs
+
+    def _clip_gradients(grads):
+        if not (optimizer.clipnorm and optimizer.clipnorm > 0) and not (
+                optimizer.global_clipnorm and optimizer.global_clipnorm > 0):
+            return cls._clip_gradients(optimizer, grads)
+        squares = shards.summed_squares(grads)
+        if optimizer.clipnorm and optimizer.clipnorm > 0:
+            return [None if g is None else _clip_by_norm(g, squares[j], optimizer.clipnorm)
+                    for j, g in enumerate(grads)]
+        present = [j for j, g in enumerate(grads) if g is not None]
+        use_norm = tf.sqrt(tf.reduce_sum(tf.gather(squares, present)))
+        clip = tf.cast(optimizer.global_clipnorm, use_norm.dtype)
+        scale = clip * tf.minimum(1.0 / use_norm, 1.0 / clip) + (use_norm - use_norm)
+        return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+
+    def _on_shards(variables):
+        return [shards.shard_variables[shards.index_of(v)] for v in variables]
+
+    def _update_model_variables_moving_average(trainable_variables):
+        return cls._update_model_variables_moving_average(optimizer,
+                                                          _on_shards(trainable_variables))
+
+    def _overwrite_model_variables_with_average_value(trainable_variables):
+        return cls._overwrite_model_variables_with_average_value(optimizer,
+                                                                 _on_shards(trainable_variables))
+
+    def finalize_variable_values(var_list):
+        cls.finalize_variable_values(optimizer, var_list)
+        if optimizer.use_ema:
+            shards.gather_into_model()
+
+    def save_own_variables(store):
+        for i, variable in enumerate(optimizer.variables):
+            if shards.is_slot(variable):
+                whole = shards.whole_value(variable)
+                if whole is None:
+                    raise RuntimeError(
+                        f"tfdist rank {shards.rank}: {optimizer.name}'s state is sharded "
+                        "across the ranks (shard_optimizer_state=True) and was not gathered "
+                        "for this save; save with model.save / save_weights / ModelCheckpoint "
+                        "on every rank.")
+                store[str(i)] = whole
+            else:
+                store[str(i)] = variable.numpy()
+
+    def load_own_variables(store):
+        variables = optimizer.variables
+        if len(store.keys()) != len(variables):
+            return cls.load_own_variables(optimizer, store)  # Keras' warning, nothing loaded
+        for i, variable in enumerate(variables):
+            if shards.is_slot(variable):
+                shards.load_whole(variable, store[str(i)])
+            else:
+                variable.assign(store[str(i)])
+
+    overrides = {
+        "add_variable_from_reference": add_variable_from_reference,
+        "_clip_gradients": _clip_gradients,
+        "_update_model_variables_moving_average": _update_model_variables_moving_average,
+        "_overwrite_model_variables_with_average_value":
+            _overwrite_model_variables_with_average_value,
+        "finalize_variable_values": finalize_variable_values,
+        "save_own_variables": save_own_variables,
+        "load_own_variables": load_own_variables,
+    }
+    for name, replacement in overrides.items():
+        patch_points.replace_on_instance(optimizer, "BaseOptimizer", name,
+                                         functools.wraps(getattr(cls, name))(replacement))
+    patch_points.replace_on_instance(optimizer, "TFOptimizer", "_all_reduce_sum_gradients",
+                                     _all_reduce_sum_gradients)
+
+
+def _clip_by_norm(values, l2sum, clipnorm):
+    """Keras' `_clip_by_norm` with the whole gradient's squared norm `l2sum`."""
+    l2sum = tf.cast(l2sum, values.dtype)
+    pred = l2sum > 0
+    l2sum_safe = tf.where(pred, l2sum, tf.ones_like(l2sum))
+    l2norm = tf.where(pred, tf.sqrt(l2sum_safe), l2sum)
+    clip = tf.cast(clipnorm, values.dtype)
+    return values * clip / tf.maximum(l2norm, clip)
+
+
+class _SliceReference:
+    """A model variable as `add_variable_from_reference` reads it, with this rank's slice's
+    shape: the slot keeps the variable's name, dtype and placement."""
+
+    def __init__(self, variable, shape):
+        self.shape = tuple(shape)
+        self.dtype = variable.dtype
+        self.name = variable.name
+        if hasattr(variable, "path"):
+            self.path = variable.path
+        self._layout = None

@@ -1,0 +1,313 @@
+"""Optimizer-state sharding (ZeRO stage 1): each rank keeps the optimizer state of 1/P of the
+parameters, updates that part, and the parameters are all-gathered.
+
+Algorithm, per training step (`RingAllReduceStrategy(shard_optimizer_state=True)`):
+
+1. The gradients are summed over the ranks as without sharding (the step's
+   fused all-reduce, share-weighted, before clipping or accumulation), so every
+   rank holds the global gradient.
+2. The trainable variables, flattened in the optimizer's order and grouped by
+   dtype, are cut into P contiguous ranges of near-equal size
+   (`tfdist.aggregation.ownership.FlatPartition`); rank r owns range r. Each
+   rank keeps its slice of each variable in a *shard variable* (a 1-D copy) and
+   the optimizer's slots (Adam's moments, momentum, accumulators, EMA) only
+   for those slices: every slot created from a model variable has the shape of
+   the rank's slice of it, so `optimizer.variables` keeps the plain optimizer's
+   order and names with 1/P of the elements (scalars such as `iterations`
+   whole).
+3. The optimizer's own `apply` runs on the rank's slices of the global
+   gradient: clipping (the per-variable and global norms summed over the ranks
+   in one all-reduce of a few scalars), loss-scale unscaling, gradient
+   accumulation, weight decay, the update step, EMA - on its slices only.
+4. Each group's shard variables are all-gathered (one collective per dtype,
+   padded to the largest range) into the model's variables, then constraints
+   apply to the whole variables.
+
+Guarantee: for an element-wise update rule (SGD, Adam, AdamW, Adamax, Nadam,
+RMSprop, Adagrad, Adadelta, Ftrl, Lion, and a LossScaleOptimizer around one)
+every element gets the update one process gives it: the same global gradient,
+the same slot values, the same rule; only the norms of clipping are summed in
+another order (float reassociation). Every rank ends the step with the same
+weights (the gather). Rules whose update of an element depends on other
+elements of the variable (Adafactor's factored moments, LAMB's and LARS' trust
+ratios, Muon's orthogonalization) are refused.
+
+Cost model, per step of n parameter bytes and s bytes of optimizer state over P
+ranks: memory s / P per rank instead of s (plus n / P for the shard variables);
+update compute / P; communication: the gradient all-reduce of
+2 (P - 1) / P n beta as before, plus the parameter all-gather of
+(P - 1) / P n beta and (P - 1) alpha - 1.5x the bytes of the unsharded ring
+(a reduce-scatter of the gradients instead of the all-reduce would bring it to
+1x: ZeRO's accounting). Saving gathers the whole state on every rank that saves
+(`consolidate`), so a checkpoint is the plain Keras file.
+"""
+
+import contextlib
+import weakref
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.aggregation.ownership import FlatPartition
+from tfdist.profiling.names import communication_scope
+
+
+def _elements(variable) -> int:
+    return int(np.prod(variable.shape))
+
+
+class OptimizerShards:
+    """One optimizer's sharded state over `variables`; see the module docstring.
+
+    Args:
+        variables: the model variables the optimizer is built for, in its order.
+        communicator: the job's `tfdist.comm.base.Communicator`.
+        create_local: context manager under which variables are created as this
+            rank's own (no broadcast from rank 0: their shapes differ per rank).
+    """
+
+    def __init__(self, variables: Sequence, communicator, create_local):
+        self.variables = list(variables)
+        self.communicator = communicator
+        self.rank = communicator.rank
+        self.world_size = communicator.world_size
+        self.partition = FlatPartition([_elements(v) for v in self.variables],
+                                       [tf.as_dtype(v.dtype).name for v in self.variables],
+                                       self.world_size)
+        self.ranges = [self.partition.slice_of(i, self.rank) for i in range(len(self.variables))]
+        self._index: Dict[int, int] = {}
+        for i, variable in enumerate(self.variables):
+            self._index[id(variable)] = i
+            self._index[id(getattr(variable, "value", variable))] = i
+        with create_local(), tf.init_scope():
+            self.shard_variables = [
+                tf.Variable(tf.zeros([stop - start], tf.as_dtype(v.dtype)), trainable=False,
+                            name=f"{_path(v).replace('/', '_')}_shard")
+                for v, (start, stop) in zip(self.variables, self.ranges)]
+        for i, shard in enumerate(self.shard_variables):
+            self._index[id(shard)] = i
+        self.slots: Dict[int, tuple] = {}  # id(slot) -> (slot, index of its model variable)
+        self._full: Dict[int, np.ndarray] = {}  # id(slot) -> whole value (consolidate / load)
+        self.keep_loaded = False  # a load keeps the whole values (the chief restoring a backup)
+        self._depth = 0  # nested `consolidated` scopes
+
+    # ----------------------------------------------------------- the variables
+    def index_of(self, variable) -> Optional[int]:
+        """The position of a model variable (or its shard variable), or None."""
+        return self._index.get(id(variable), self._index.get(id(getattr(variable, "value", None))))
+
+    def local_size(self, index: int) -> int:
+        start, stop = self.ranges[index]
+        return stop - start
+
+    def slot_shape(self, reference) -> Optional[List[int]]:
+        """The shape of this rank's slot of model variable `reference` (None: not sharded)."""
+        index = self.index_of(reference)
+        return None if index is None else [self.local_size(index)]
+
+    def remember_slot(self, slot, reference) -> None:
+        self.slots[id(slot)] = (slot, self.index_of(reference))
+
+    def is_slot(self, variable) -> bool:
+        return id(variable) in self.slots
+
+    def local_part(self, tensor, index: int):
+        """This rank's slice of a whole-variable tensor (a gradient: IndexedSlices densified)."""
+        start, stop = self.ranges[index]
+        flat = tf.reshape(tf.convert_to_tensor(tensor), [_elements(self.variables[index])])
+        return flat[start:stop]
+
+    def copy_in(self, indices: Optional[Sequence[int]] = None) -> None:
+        """The shard variables take their slices of the model variables' current values."""
+        for i in range(len(self.variables)) if indices is None else indices:
+            if self.local_size(i):
+                self.shard_variables[i].assign(self.local_part(self.variables[i], i))
+
+    # ------------------------------------------------------------- the step
+    def summed_squares(self, gradients: Sequence) -> tf.Tensor:
+        """The squared L2 norm of each whole gradient of which `gradients` are this rank's
+        slices (None: 0), summed over the ranks in one all-reduce."""
+        squares = [tf.zeros([]) if g is None else
+                   tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in gradients]
+        with tf.name_scope(communication_scope("sharded", "gradient_norms")):
+            return self.communicator.all_reduce(tf.stack(squares))
+
+    def gather_into_model(self, indices: Optional[Sequence[int]] = None) -> None:
+        """Every rank's shard variables all-gathered into the model variables (one collective
+        per dtype group, each rank's range padded to the largest)."""
+        chosen = set(range(len(self.variables)) if indices is None else indices)
+        groups: Dict[str, List[int]] = {}
+        for i, group in enumerate(self.partition.groups):
+            groups.setdefault(group, []).append(i)
+        with tf.name_scope(communication_scope("sharded", "parameters")):
+            for group, members in groups.items():
+                if not chosen.intersection(members):
+                    continue
+                whole = self._gather_flat(group, [self.shard_variables[i] for i in members])
+                pieces = tf.split(whole, [self.partition.sizes[i] for i in members])
+                for i, piece in zip(members, pieces):
+                    if i in chosen:
+                        variable = self.variables[i]
+                        variable.assign(tf.reshape(piece, variable.shape))
+
+    def _gather_flat(self, group: str, locals_: Sequence) -> tf.Tensor:
+        sizes = self.partition.group_sizes[group]
+        dtype = tf.as_dtype(group)
+        parts = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in locals_ if v.shape[0]]
+        flat = tf.concat(parts, 0) if parts else tf.zeros([0], dtype)
+        width = max(max(sizes), 1)
+        padded = tf.pad(flat, [[0, width - sizes[self.rank]]])
+        gathered = self.communicator.all_gather_equal(tf.ensure_shape(padded, [width]))
+        return tf.concat([gathered[r, :sizes[r]] for r in range(self.world_size)], 0)
+
+    # ------------------------------------------------------------- checkpoints
+    def consolidate(self) -> None:
+        """The whole value of every slot, gathered from every rank (eager; every rank calls)."""
+        for key, (slot, index) in sorted(self.slots.items(), key=lambda item: str(item[1][0].path)):
+            del key
+            whole = self.communicator.all_gather(tf.convert_to_tensor(slot))
+            self._full[id(slot)] = np.reshape(whole.numpy(), self.variables[index].shape)
+
+    def release(self) -> None:
+        self._full.clear()
+
+    def whole_value(self, slot) -> Optional[np.ndarray]:
+        """The whole value of `slot` consolidated (or loaded) here, or None."""
+        return self._full.get(id(slot))
+
+    def load_whole(self, slot, value) -> None:
+        """Assign this rank's slice of the whole `value` of `slot` (kept for `share_loaded`
+        inside `keeping_loaded`)."""
+        value = np.asarray(value)
+        index = self.slots[id(slot)][1]
+        if self.keep_loaded:
+            self._full[id(slot)] = value
+        start, stop = self.ranges[index]
+        slot.assign(np.reshape(value, [-1])[start:stop])
+
+    def share_loaded(self, root: int = 0) -> None:
+        """Every rank takes its slices of the whole slots `root` loaded (eager; every rank)."""
+        for _, (slot, index) in sorted(self.slots.items(), key=lambda item: str(item[1][0].path)):
+            variable = self.variables[index]
+            value = self._full.get(id(slot))
+            if value is None:
+                value = np.zeros(variable.shape, tf.as_dtype(slot.dtype).as_numpy_dtype)
+            whole = self.communicator.broadcast(tf.constant(value), root).numpy()
+            start, stop = self.ranges[index]
+            slot.assign(np.reshape(whole, [-1])[start:stop])
+        self.release()
+
+    @contextlib.contextmanager
+    def consolidated(self):
+        """Inside: the whole slots are known (gathered once: a save inside a save - the
+        chief's backup writing its weights file - gathers nothing more)."""
+        self._depth += 1
+        try:
+            if self._depth == 1:
+                self.consolidate()
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.release()
+
+    def state_bytes(self) -> int:
+        """Bytes of this rank's slots."""
+        return sum(_elements(slot) * tf.as_dtype(slot.dtype).size for slot, _ in self.slots.values())
+
+
+# ------------------------------------------------------------------ the registry
+_SHARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> its shards
+
+
+def register(optimizer, shards: OptimizerShards) -> None:
+    _SHARDS[optimizer] = shards
+
+
+def shards_of(optimizer) -> Optional[OptimizerShards]:
+    """The `OptimizerShards` of `optimizer` (None: not sharded)."""
+    return _SHARDS.get(optimizer) if optimizer is not None else None
+
+
+def optimizers_of(model) -> list:
+    """`model`'s optimizer and the optimizers it wraps (a LossScaleOptimizer's inner)."""
+    optimizer, found = getattr(model, "optimizer", None), []
+    while optimizer is not None:
+        found.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return found
+
+
+def model_shards(model) -> List[OptimizerShards]:
+    return [shards_of(o) for o in optimizers_of(model) if shards_of(o) is not None]
+
+
+def sharded_slots(model) -> list:
+    """The slots of `model`'s optimizers that hold this rank's slices only."""
+    return [slot for shards in model_shards(model) for slot, _ in shards.slots.values()]
+
+
+@contextlib.contextmanager
+def consolidated(model):
+    """Inside: the whole optimizer state of `model` is known on this rank, for a save in
+    Keras' own format (every rank enters together: the slots are all-gathered, bounded by
+    the job timeout - a save on rank 0 alone fails there, naming this)."""
+    sharded = model_shards(model)
+    if not sharded:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        with sharded[0].communicator.expect_progress(
+                "gathering the sharded optimizer state for a save (shard_optimizer_state=True: "
+                "every rank must save)"):
+            for shards in sharded:
+                stack.enter_context(shards.consolidated())
+        yield
+
+
+@contextlib.contextmanager
+def keeping_loaded(model):
+    """Inside: a load keeps the whole optimizer state it read, for `share_loaded_state`."""
+    sharded = model_shards(model)
+    for shards in sharded:
+        shards.keep_loaded = True
+    try:
+        yield
+    finally:
+        for shards in sharded:
+            shards.keep_loaded = False
+
+
+def share_loaded_state(model, root: int = 0) -> None:
+    """After rank `root` alone loaded `model`'s whole optimizer state (inside
+    `keeping_loaded`): every rank takes its slices of it (every rank calls)."""
+    for shards in model_shards(model):
+        shards.share_loaded(root)
+
+
+# Compressions a sharded optimizer takes: a stateless wire format. A compressor with error
+# feedback keeps a residual per rank and gradient, which the sharding would have to follow.
+SHARDABLE_COMPRESSIONS = ("none", "fp16")
+
+
+def check_shardable_compression(compression_name: str, rank: int) -> None:
+    """A clear error unless `compression_name` can go with a sharded optimizer state."""
+    if compression_name not in SHARDABLE_COMPRESSIONS:
+        raise ValueError(
+            f"tfdist rank {rank}: shard_optimizer_state=True cannot go with "
+            f"compression={compression_name!r}: a lossy compressor keeps each rank's error "
+            "feedback for every whole gradient, and its approximation is no longer the update "
+            "one process makes; use compression=None or 'fp16', or shard_optimizer_state=False.")
+
+
+def refuse_sharding(strategy_name: str, rank: int, why: str) -> None:
+    """The error of a strategy that does not shard optimizer state, saying why."""
+    raise ValueError(
+        f"tfdist rank {rank}: {strategy_name} cannot shard the optimizer state "
+        f"(shard_optimizer_state=True): {why}. Use "
+        "RingAllReduceStrategy(shard_optimizer_state=True).")
+
+
+def _path(variable) -> str:
+    return str(getattr(variable, "path", None) or variable.name)
