@@ -4,7 +4,7 @@
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
                                       # anatomy, overlap, anchor, engines, engine_step, peer,
-                                      # horovod_api, elastic,
+                                      # horovod_api, elastic, sharding,
                                       # emulated
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, anchor_report, async_report, elastic_resize, emulated_cluster, engine_curves, engine_step, horovod_api, keras_patterns_report,
+from benchmarks import (anatomy_report, anchor_report, async_report, elastic_resize, emulated_cluster, engine_curves, engine_step, horovod_api, keras_patterns_report, optimizer_sharding,
                         large_batch,
                         overlap_report, peer_report, profiling_report)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
@@ -224,7 +224,8 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "overlap": overlap_report.run, "anchor": anchor_report.run,
          "emulated": emulated_cluster.run,
          "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run,
-         "horovod_api": horovod_api.run, "elastic": elastic_resize.run}
+         "horovod_api": horovod_api.run, "elastic": elastic_resize.run,
+         "sharding": optimizer_sharding.run}
 # Need root and network namespaces, and take long: only when named.
 NOT_BY_DEFAULT = ("emulated",)
 

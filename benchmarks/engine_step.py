@@ -15,6 +15,9 @@ process; median Keras step of the epochs after the first):
                 per device from 16 MiB, see `tfdist.comm.tf_collective`);
 * horovod_gloo  `backend="horovod"` under `tfdist-run --horovod` (Gloo, TCP);
 * horovod_mpi   `backend="horovod"` under Open MPI's mpirun (shared memory);
+* ring_sharded, horovod_mpi_sharded: ring and horovod_mpi with
+                `shard_optimizer_state=True` (ZeRO stage 1: the parameters'
+                all-gather after the update);
 * mwms          tf-keras + `MultiWorkerMirroredStrategy` (the peer benchmark's
                 environment), the baseline users have.
 
@@ -42,7 +45,8 @@ from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi
 from benchmarks.plotting import pyplot, save
 
 WORKER = os.path.join(HERE, "peer_worker.py")
-CONFIGS = ("floor", "ring", "ring_big", "horovod_gloo", "horovod_mpi", "mwms")
+CONFIGS = ("floor", "ring", "ring_big", "ring_sharded", "horovod_gloo", "horovod_mpi",
+           "horovod_mpi_sharded", "mwms")
 BIG_BUCKET_MB = 32
 ROUNDS = 3
 PROCESSES = (2,)
@@ -85,6 +89,9 @@ def _distributed(tmp, config, processes, tag, peer_python):
     else:
         strategy = "ring" if config.startswith("ring") else "horovod"
         options = ["--bucket-mb", str(BIG_BUCKET_MB)] if config == "ring_big" else []
+        if config.endswith("_sharded"):
+            options.append("--shard-optimizer-state")
+            config = config[:-len("_sharded")]
         worker = _worker(sys.executable, out, strategy, *options)
         if config == "horovod_mpi":
             command = mpirun_command(processes) + worker
@@ -108,6 +115,7 @@ def available_configs(peer_python):
         why["horovod_gloo"] = why["horovod_mpi"] = "Horovod is not installed"
     if why["horovod_mpi"] is None and not mpirun_available():
         why["horovod_mpi"] = "no mpirun or no Horovod built with MPI"
+    why["horovod_mpi_sharded"] = why["horovod_mpi"]
     if peer_python is None:
         why["mwms"] = "no tf-keras peer environment"
     return why
@@ -166,7 +174,7 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engin
             "floor = P independent plain Keras processes started together (no "
             "communication); ring = RingAllReduceStrategy(backend='collective') default "
             f"buckets; ring_big = {BIG_BUCKET_MB} MiB buckets (one fused all-reduce, "
-            "subdivided); horovod_gloo / horovod_mpi = backend='horovod' under "
+            "subdivided); *_sharded = the same with shard_optimizer_state=True; horovod_gloo / horovod_mpi = backend='horovod' under "
             "tfdist-run --horovod / mpirun; mwms = tf-keras + MultiWorkerMirroredStrategy. "
             "over_floor: per-round ratio to the floor of the same round, median over "
             "rounds; rounds alternate the order."),

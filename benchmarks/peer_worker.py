@@ -57,13 +57,17 @@ def parse_args():
     parser.add_argument("--bucket-mb", type=float, default=None,
                         help="ring and horovod: largest gradient bucket in MiB (default the "
                              "strategy's)")
+    parser.add_argument("--shard-optimizer-state", action="store_true",
+                        help="ring and horovod: RingAllReduceStrategy(shard_optimizer_state=True)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="the timed models' optimizer (default SGD with momentum)")
     args = parser.parse_args()
     if args.epochs is not None and args.epochs < 2:
         parser.error(f"--epochs must be >= 2 (the first is not timed). Got: {args.epochs}")
     return args
 
 
-def load_framework(name, bucket_mb=None):
+def load_framework(name, bucket_mb=None, shard_optimizer_state=False):
     """(keras, tensorflow, strategy or None, rank, processes, tfdist module or None)."""
     if name in TF_KERAS:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
@@ -86,6 +90,8 @@ def load_framework(name, bucket_mb=None):
     if name == "keras3":
         return keras, tf, None, 0, 1, tfdist
     buckets = {} if bucket_mb is None else {"fusion_threshold_bytes": int(bucket_mb * 2**20)}
+    if shard_optimizer_state:
+        buckets["shard_optimizer_state"] = True
     strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(
                     backend="collective", **buckets),
                 "horovod": lambda: tfdist.strategies.RingAllReduceStrategy(
@@ -150,7 +156,19 @@ def step_timer(keras, tfdist):
     return StepTimer()
 
 
-def time_model(keras, tfdist, strategy, processes, model_name, epochs):
+def optimizer_bytes(optimizer):
+    """Bytes of `optimizer`'s variables on this process (a sharded state: this rank's part)."""
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables)
+
+
+def peak_rss_mb():
+    """This process's peak resident memory, MB."""
+    import resource  # pylint: disable=import-outside-toplevel
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer="sgd"):
     if model_name == "cnn":
         global_batch, samples = CNN_GLOBAL_BATCH, CNN_SAMPLES
     else:
@@ -160,7 +178,8 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs):
     keras.utils.set_random_seed(0)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model = build_model(keras, model_name)
-        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+        model.compile(optimizer=(keras.optimizers.Adam(1e-3) if optimizer == "adam" else
+                                 keras.optimizers.SGD(0.05, momentum=0.9)),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     timer = step_timer(keras, tfdist)
     start = time.perf_counter()
@@ -173,7 +192,8 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs):
             "steps_timed": len(timer.steps), "median_step_ms": 1e3 * median,
             "mean_step_ms": 1e3 * statistics.fmean(timer.steps),
             "seconds_per_epoch": statistics.median(timer.epochs),
-            "epoch_seconds": timer.epochs}
+            "epoch_seconds": timer.epochs, "optimizer": optimizer,
+            "optimizer_bytes": optimizer_bytes(model.optimizer), "peak_rss_mb": peak_rss_mb()}
 
 
 def exact_model(keras, strategy, processes, rank, name, model_name, directory):
@@ -202,7 +222,8 @@ def exact_model(keras, strategy, processes, rank, name, model_name, directory):
 
 def main():
     args = parse_args()
-    keras, tf, strategy, rank, processes, tfdist = load_framework(args.strategy, args.bucket_mb)
+    keras, tf, strategy, rank, processes, tfdist = load_framework(
+        args.strategy, args.bucket_mb, args.shard_optimizer_state)
     result = {"strategy": args.strategy, "processes": processes,
               "framework": "tf_keras" if args.strategy in TF_KERAS else "keras3",
               "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
@@ -211,13 +232,17 @@ def main():
         for model_name in args.models:
             result["models"][model_name] = time_model(keras, tfdist, strategy, processes,
                                                       model_name,
-                                                      args.epochs or EPOCHS[model_name])
+                                                      args.epochs or EPOCHS[model_name],
+                                                      args.optimizer)
     if args.exact:
         for model_name in args.models:
             result["exact"][model_name] = exact_model(keras, strategy, processes, rank,
                                                       args.strategy, model_name, args.exact)
     if rank == 0:
         with open(args.out, "w") as f:
+            json.dump(result, f)
+    elif args.time:  # each rank's memory (a sharded optimizer state differs per rank)
+        with open(f"{args.out}.rank{rank}", "w") as f:
             json.dump(result, f)
 
 

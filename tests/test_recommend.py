@@ -192,3 +192,25 @@ def test_by_default_only_compressors_that_kept_accuracy_are_considered():
     assert repr(pick.compression) == "PowerSGD(rank=4, start_step=0, min_compression_rate=2)"
     assert {repr(c.compression) for c in pick.alternatives} == {
         "None", "FP16()", "PowerSGD(rank=4, start_step=0, min_compression_rate=2)"}
+
+
+def test_a_memory_budget_picks_the_ring_with_the_optimizer_state_sharded():
+    """Adam's state (2 n) replicated does not fit 3 n per process; sharded over 8 it does
+    (2 n + (2 n + n) / 8), at the cost of the parameters' all-gather."""
+    n = 100e6
+    free = recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6,
+                     optimizer_state_bytes=2 * n)
+    assert (free.algorithm, free.options) == ("ring", {})  # sharding is never faster
+    assert free.memory_bytes == 4 * n
+    tight = recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6,
+                      optimizer_state_bytes=2 * n, memory_budget_bytes=3 * n,
+                      candidates=[("ring", {}), ("ring", {"shard_optimizer_state": True}),
+                                  ("tree", {"fanout": 2, "chunk_bytes": 1 << 20})])
+    assert (tight.algorithm, tight.options) == ("ring", {"shard_optimizer_state": True})
+    assert tight.memory_bytes == int(2 * n + 3 * n / 8)
+    alpha, beta = 50e-6, 8 / (10 * GBIT)
+    assert tight.predicted_seconds == pytest.approx(
+        predict_all_reduce_seconds("ring", n, 8, alpha, beta) + 7 * alpha + 7 / 8 * n * beta)
+    with pytest.raises(ValueError, match="no candidate fits memory_budget_bytes"):
+        recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6,
+                  optimizer_state_bytes=2 * n, memory_budget_bytes=n)

@@ -16,6 +16,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import op_callbacks
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
@@ -223,3 +224,15 @@ def computable_ahead(tensor):
 def runtime_started():
     """Whether TensorFlow's eager runtime (its context: devices, thread pools) has started."""
     return context.context()._context_handle is not None  # pylint: disable=protected-access
+
+
+def in_cond_branch():
+    """True while a branch of a `tf.cond` is being traced (at any depth of functions): its ops
+    get, when TensorFlow inlines the branch, node names prefixed with a node number of the
+    enclosing graph, which differs between processes whose graphs differ."""
+    graph = framework_ops.get_default_graph()
+    while graph is not None:
+        if isinstance(graph, control_flow_v2_func_graphs.CondBranchFuncGraph):
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False

@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from case_runner import cases_of, rank_of, results, run_cases  # noqa: E402
+from case_runner import cases_of, results, run_cases  # noqa: E402
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -204,7 +204,6 @@ def main():
     args = parser.parse_args()
     WORKDIR[0] = args.workdir
     strategy = make_strategy(args.strategy, args.backend)
-    del rank_of
     run_cases(CASES, args.cases.split(","), strategy, args.out)
 
 

@@ -28,12 +28,16 @@ class Candidate:
             (the compressor's, `Compressor.predict_seconds`, with one).
         compression: None, or the `tfdist.compression` object the gradients
             are sent through.
+        memory_bytes: what one training process holds of the model's training
+            state (`training_memory_bytes`): parameters, gradients and its part of the
+            optimizer state.
     """
 
     algorithm: str
     options: dict
     predicted_seconds: float
     compression: object = None
+    memory_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +102,23 @@ def default_compressors():
     return (compression.FP16(), compression.PowerSGD(rank=4))
 
 
+def training_memory_bytes(algorithm, options, n_bytes, processes, optimizer_state_bytes):
+    """Bytes of training state one worker process holds: its parameters and gradient (2 n)
+    and the optimizer state s - s / P and a 1-D copy of its n / P parameters with the ring's
+    `shard_optimizer_state`; none with parameter servers, which keep the parameters' master
+    copy and the state (n + s) / K on each of their K servers, co-located with the workers
+    when K = P."""
+    s = optimizer_state_bytes
+    if algorithm == "ring" and options.get("shard_optimizer_state"):
+        return int(2 * n_bytes + (s + n_bytes) / processes)
+    if algorithm == "ps":
+        servers = options.get("num_servers", processes)
+        return int(2 * n_bytes + ((n_bytes + s) / servers if servers == processes else 0))
+    return int(2 * n_bytes + s)
+
+
 def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, compression=False,
-              compute_seconds=0.0):
+              compute_seconds=0.0, optimizer_state_bytes=0, memory_budget_bytes=None):
     """The fastest gradient-aggregation algorithm and settings under the alpha-beta cost model.
 
     Every candidate - the ring; the reduction tree with each fanout 2 .. P - 1
@@ -139,6 +158,15 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
             experiments/results/compression_training.json; the README).
         compute_seconds: the step's computation on one process, seconds
             (communication assumed not overlapped with it); 0: communication only.
+        optimizer_state_bytes: the optimizer's state s in bytes (Adam: 2 n, SGD with
+            momentum: n; 0: not counted). With s > 0 the ring with
+            `shard_optimizer_state=True` is a candidate too: its time adds the
+            parameters' all-gather, its memory holds s / P
+            (`training_memory_bytes`, each candidate's `memory_bytes`).
+        memory_budget_bytes: what one process may hold of training state, in bytes
+            (None: no limit): the candidates over it are left out; a ValueError
+            if none fits. The sharded ring is never faster, so it is picked when the
+            memory asks for it.
 
     Returns:
         A `Recommendation`; `recommendation.strategy()` builds its strategy
@@ -155,14 +183,24 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
     _check_number("bandwidth", bandwidth, minimum=0, strict=True)
     _check_number("latency", latency, minimum=0)
     _check_number("compute_seconds", compute_seconds, minimum=0)
+    _check_number("optimizer_state_bytes", optimizer_state_bytes, minimum=0)
+    if memory_budget_bytes is not None:
+        _check_number("memory_budget_bytes", memory_budget_bytes, minimum=0, strict=True)
     alpha, beta = float(latency), 8.0 / bandwidth
-    pairs = search_space(n_bytes, processes) if candidates is None else list(candidates)
+    pairs = (search_space(n_bytes, processes, optimizer_state_bytes) if candidates is None
+             else list(candidates))
     if not pairs:
         raise ValueError("candidates must list at least one (algorithm, options) pair.")
     compressors = _compressors(compression)
     shapes, exact_shapes = gradient_shapes(model_or_bytes, n_bytes)
+
+    def memory(algorithm, options):
+        return training_memory_bytes(algorithm, options, n_bytes, processes,
+                                     optimizer_state_bytes)
+
     ranked = [Candidate(algorithm, dict(options), predict_all_reduce_seconds(
-        algorithm, n_bytes, processes, alpha, beta, **options)) for algorithm, options in pairs]
+        algorithm, n_bytes, processes, alpha, beta, **options), None, memory(algorithm, options))
+              for algorithm, options in pairs]
 
     def compressed_seconds(compressor, algorithm, options):
         inner = ALGORITHMS[algorithm]
@@ -174,9 +212,21 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
 
     for compressor in compressors:
         ranked += [Candidate(algorithm, dict(options),
-                             compressed_seconds(compressor, algorithm, options), compressor)
-                   for algorithm, options in pairs if compressor.runs_on(algorithm)]
+                             compressed_seconds(compressor, algorithm, options), compressor,
+                             memory(algorithm, options))
+                   for algorithm, options in pairs if compressor.runs_on(algorithm)
+                   and not options.get("shard_optimizer_state")]  # sharding: uncompressed
     ranked.sort(key=lambda c: c.predicted_seconds)
+    if memory_budget_bytes is not None:
+        fitting = [c for c in ranked if c.memory_bytes <= memory_budget_bytes]
+        if not fitting:
+            least = min(ranked, key=lambda c: c.memory_bytes)
+            raise ValueError(
+                f"no candidate fits memory_budget_bytes={memory_budget_bytes}: the least is "
+                f"{least.algorithm} {least.options} with {least.memory_bytes} bytes per process "
+                f"({n_bytes} bytes of parameters, {optimizer_state_bytes} of optimizer state, "
+                f"{processes} processes)")
+        ranked = fitting
     lossless = [c for c in ranked if not _lossy(c.compression)]
     best = lossless[0]
     baseline = float(compute_seconds) + best.predicted_seconds
@@ -184,8 +234,8 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
     if lossy and baseline >= LOSSY_STEP_SPEEDUP * (compute_seconds + lossy[0].predicted_seconds):
         best = lossy[0]
     return Recommendation(best.algorithm, best.options, best.predicted_seconds, best.compression,
-                          tuple(ranked), n_bytes, processes, float(bandwidth), float(latency),
-                          float(compute_seconds), baseline)
+                          best.memory_bytes, tuple(ranked), n_bytes, processes,
+                          float(bandwidth), float(latency), float(compute_seconds), baseline)
 
 
 def _compressors(compression):
@@ -220,9 +270,12 @@ def gradient_shapes(model_or_bytes, n_bytes):
     return compressed, exact
 
 
-def search_space(n_bytes, processes):
-    """Every (algorithm, options) pair `recommend` considers for n bytes over P processes."""
+def search_space(n_bytes, processes, optimizer_state_bytes=0):
+    """Every (algorithm, options) pair `recommend` considers for n bytes over P processes
+    (the ring with its optimizer state sharded too when there is state to shard)."""
     pairs = [("ring", {})]
+    if optimizer_state_bytes:
+        pairs.append(("ring", {"shard_optimizer_state": True}))
     chunks = [SMALLEST_CHUNK_BYTES]
     while chunks[-1] < n_bytes:
         chunks.append(chunks[-1] * 2)

@@ -24,6 +24,7 @@ allows that only with HOROVOD_TIMELINE=DYNAMIC set before it starts; tfdist
 sets it when `tfdist-run --profile` asked for profiles.
 """
 
+import importlib
 import os
 
 import tensorflow as tf
@@ -32,6 +33,7 @@ from absl import logging
 from tfdist.env_vars import Foreign
 from tfdist import _tf
 from tfdist.comm.base import Communicator
+from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError
 from tfdist.profiling import names
 
@@ -88,6 +90,8 @@ class HorovodCommunicator(Communicator):
 
     def __init__(self, cluster, fusion_threshold_bytes=None):
         self._hvd = hvd = import_horovod()
+        self._mpi_ops = importlib.import_module(f"{hvd.__name__}.mpi_ops")
+        self._branch_numbers = TraceStableCounter()
         self.timeout = float(cluster.timeout)
         if hvd.is_initialized():
             logging.info("tfdist: Horovod was already initialized; its settings are kept.")
@@ -146,9 +150,31 @@ class HorovodCommunicator(Communicator):
     def stop_engine_timeline(self):
         self._hvd.stop_timeline()
 
+    def _branch_name(self, kind):
+        """Inside a `tf.cond` branch: a name for a Horovod op of `kind`, the same on every rank.
+
+        Horovod matches a tensor across ranks by its op's node name, and
+        TensorFlow prefixes the node names of an inlined cond branch with a
+        node number of the enclosing graph (`cond/then/_38/...`), which differs
+        between ranks whose step graphs differ (the chief's has ops the others'
+        lack): the ranks would wait for each other's names forever. There the op
+        is named by the current name scope and a trace-stable number, and
+        Horovod told to ignore the scope (`ignore_name_scope`). None elsewhere
+        (the names, with their `tfdist/<algorithm>/<phase>` scope, are equal).
+        """
+        if tf.executing_eagerly() or not _tf.in_cond_branch():
+            return None
+        scope = tf.get_current_name_scope().replace("/", ".").strip(".")
+        return f"{scope}.{kind}_{self._branch_numbers.take()}"
+
     def all_reduce(self, tensor):
         """Element-wise sum of `tensor` over all ranks."""
-        return self._hvd.allreduce(self._kept_in_step([tensor])[0], op=self._hvd.Sum)
+        tensor = self._kept_in_step([tensor])[0]
+        name = self._branch_name("allreduce")
+        if name is not None:
+            return self._mpi_ops._allreduce(  # pylint: disable=protected-access
+                tensor, name=name, op=self._hvd.Sum, ignore_name_scope=True)
+        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
 
     def grouped_all_reduce(self, tensors):
         """Element-wise sums of several tensors, negotiated and fused as one group per dtype.
@@ -163,17 +189,30 @@ class HorovodCommunicator(Communicator):
             by_dtype.setdefault(tensor.dtype, []).append(position)
         results = [None] * len(tensors)
         for positions in by_dtype.values():
-            summed = self._hvd.grouped_allreduce([tensors[p] for p in positions],
-                                                 op=self._hvd.Sum)
+            name = self._branch_name("grouped_allreduce")
+            if name is not None:
+                summed = self._mpi_ops._grouped_allreduce(  # pylint: disable=protected-access
+                    [tensors[p] for p in positions], name=name, op=self._hvd.Sum,
+                    ignore_name_scope=True)
+            else:
+                summed = self._hvd.grouped_allreduce([tensors[p] for p in positions],
+                                                     op=self._hvd.Sum)
             for position, total in zip(positions, summed):
                 results[position] = total
         return results
 
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ)."""
-        return self._hvd.allgather(self._kept_in_step([tf.convert_to_tensor(tensor)])[0])
+        tensor = self._kept_in_step([tf.convert_to_tensor(tensor)])[0]
+        name = self._branch_name("allgather")
+        if name is not None:
+            return self._mpi_ops.allgather(tensor, name=name, ignore_name_scope=True)
+        return self._hvd.allgather(tensor)
 
     def broadcast(self, tensor, root=0):
         """Every rank gets `root`'s `tensor`."""
-        return self._hvd.broadcast(self._kept_in_step([tf.convert_to_tensor(tensor)])[0],
-                                   root_rank=root)
+        tensor = self._kept_in_step([tf.convert_to_tensor(tensor)])[0]
+        name = self._branch_name("broadcast")
+        if name is not None:
+            return self._mpi_ops.broadcast(tensor, root, name=name, ignore_name_scope=True)
+        return self._hvd.broadcast(tensor, root_rank=root)

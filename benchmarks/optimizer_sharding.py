@@ -1,0 +1,182 @@
+"""`tfdist-bench --only sharding`: what optimizer-state sharding (ZeRO stage 1) saves and costs.
+
+The 784-2048-2048-10 MLP (5.8 M parameters) trained with Adam (two slots per
+parameter: 46.6 MB of optimizer state) by `benchmarks/peer_worker.py` (64 rows
+per process, one intra-op thread per process):
+
+* memory: at P = 1, 2 and 4 processes under tfdist-run, unsharded and
+  `shard_optimizer_state=True`, every rank's optimizer bytes (its
+  `optimizer.variables`) and peak resident memory (`ru_maxrss`), after 2 epochs;
+* step time at P = 2: the unsharded ring, the sharded ring and the
+  no-communication floor (2 plain Keras processes), in interleaved rounds
+  (the order alternates); ratios per round to the same round's unsharded ring
+  and floor, medians over rounds.
+
+Result: benchmarks/results/optimizer_sharding.json and optimizer_sharding.png.
+
+    python -m benchmarks.optimizer_sharding [--rounds 3] [--memory-processes 1 2 4]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from benchmarks import peer_report
+from benchmarks.harness import HERE, write_result
+from benchmarks.plotting import pyplot, save
+
+WORKER = os.path.join(HERE, "peer_worker.py")
+ROUNDS = 3
+MEMORY_PROCESSES = (1, 2, 4)
+TIME_PROCESSES = 2
+TIME_EPOCHS = 4  # the first untimed: 30 timed steps
+MEMORY_EPOCHS = 2
+GOAL = 1.1  # the sharded step at most 1.1x the unsharded ring's at 2 processes, here
+
+
+def _worker(out, strategy, epochs, sharded):
+    return ([sys.executable, WORKER, out, strategy, "--time", "--models", "mlp", "--epochs",
+             str(epochs), "--optimizer", "adam"]
+            + (["--shard-optimizer-state"] if sharded else []))
+
+
+def _launch(tmp, tag, processes, epochs, sharded):
+    """Every rank's `peer_worker` result of one tfdist-run job."""
+    out = os.path.join(tmp, f"{tag}.json")
+    command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), "--timeout", "120",
+               *_worker(out, "ring", epochs, sharded)]
+    print("$", " ".join(command), flush=True)
+    peer_report._run(command, env=peer_report._worker_env())  # pylint: disable=protected-access
+    ranks = []
+    for rank in range(processes):
+        with open(out if rank == 0 else f"{out}.rank{rank}") as f:
+            ranks.append(json.load(f)["models"]["mlp"])
+    return ranks
+
+
+def _floor(tmp, tag, processes):
+    outs = [os.path.join(tmp, f"{tag}_{i}.json") for i in range(processes)]
+    procs = [subprocess.Popen(_worker(out, "keras3", TIME_EPOCHS, False),
+                              env=peer_report._worker_env(),  # pylint: disable=protected-access
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for out in outs]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=peer_report.JOB_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise peer_report.JobFailed(f"floor: exit code {proc.returncode}\n{output[-3000:]}")
+    steps = []
+    for out in outs:
+        with open(out) as f:
+            steps.append(json.load(f)["models"]["mlp"]["median_step_ms"])
+    return statistics.median(steps)
+
+
+def measure_memory(tmp, processes):
+    rows = []
+    for p in processes:
+        for sharded in (False, True):
+            ranks = _launch(tmp, f"memory_P{p}_{'sharded' if sharded else 'ring'}", p,
+                            MEMORY_EPOCHS, sharded)
+            rows.append({
+                "processes": p, "sharded": sharded,
+                "optimizer_mb_per_rank": [r["optimizer_bytes"] / 1e6 for r in ranks],
+                "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
+                "parameters": ranks[0]["parameters"]})
+    return rows
+
+
+def measure_steps(tmp, rounds):
+    configs = ("floor", "ring", "ring_sharded")
+    runs = {c: [] for c in configs}
+    for round_ in range(rounds):
+        for config in (configs if round_ % 2 == 0 else tuple(reversed(configs))):
+            tag = f"time_r{round_}_{config}"
+            if config == "floor":
+                runs[config].append(_floor(tmp, tag, TIME_PROCESSES))
+            else:
+                ranks = _launch(tmp, tag, TIME_PROCESSES, TIME_EPOCHS, config == "ring_sharded")
+                runs[config].append(ranks[0]["median_step_ms"])
+    ratios = {
+        "sharded_over_ring": [s / r for s, r in zip(runs["ring_sharded"], runs["ring"])],
+        "ring_over_floor": [r / f for r, f in zip(runs["ring"], runs["floor"])],
+        "sharded_over_floor": [s / f for s, f in zip(runs["ring_sharded"], runs["floor"])],
+    }
+    return runs, ratios
+
+
+def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_sharding"):
+    start = time.perf_counter()
+    memory = measure_memory(tmp, memory_processes)
+    runs, ratios = measure_steps(tmp, rounds)
+    summary = {f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
+               f"_optimizer_mb_max_rank": round(max(row["optimizer_mb_per_rank"]), 2)
+               for row in memory}
+    summary.update({f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
+                    f"_peak_rss_mb_max_rank": max(row["peak_rss_mb_per_rank"]) for row in memory})
+    summary.update({f"P{TIME_PROCESSES}_{key}": round(statistics.median(values), 3)
+                    for key, values in ratios.items()})
+    result = {
+        "summary": summary, "memory": memory,
+        "steps_ms": runs, "ratios_per_round": ratios, "rounds": rounds,
+        "goal": f"optimizer bytes 1/P per rank; the sharded step <= {GOAL}x the unsharded "
+                f"ring's at {TIME_PROCESSES} processes",
+        "minutes": round((time.perf_counter() - start) / 60, 1),
+        "description": (
+            "784-2048-2048-10 MLP (5.8 M parameters), Adam(1e-3), 64 rows per process, one "
+            "intra-op thread per process, all processes on one host (2 cores). memory: every "
+            f"rank's optimizer variables and peak RSS after {MEMORY_EPOCHS} epochs under "
+            "tfdist-run, RingAllReduceStrategy(backend='collective') with and without "
+            f"shard_optimizer_state=True. steps: median Keras step (epochs 2-{TIME_EPOCHS}) at "
+            f"{TIME_PROCESSES} processes; floor = {TIME_PROCESSES} plain Keras processes at "
+            "once (no communication); ratios per round, medians over rounds, order "
+            "alternating."),
+    }
+    write_result(f"{name}.json", result)
+    plot(memory, f"{name}.png")
+    print(f"optimizer_sharding: {result['minutes']} min", flush=True)
+    return result
+
+
+def plot(memory, filename):
+    """Per process count: the largest rank's optimizer MB and peak RSS, unsharded and sharded."""
+    plt = pyplot()
+    if plt is None:
+        return
+    counts = sorted({row["processes"] for row in memory})
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, key, label in ((axes[0], "optimizer_mb_per_rank", "optimizer state per rank (MB)"),
+                           (axes[1], "peak_rss_mb_per_rank", "peak RSS per rank (MB)")):
+        for offset, sharded in ((-0.2, False), (0.2, True)):
+            values = [max(row[key]) for p in counts for row in memory
+                      if row["processes"] == p and row["sharded"] == sharded]
+            ax.bar([i + offset for i in range(len(counts))], values, width=0.4,
+                   label="shard_optimizer_state=True" if sharded else "unsharded",
+                   color="tab:blue" if sharded else "tab:gray")
+        ax.set_xticks(range(len(counts)), [f"P = {p}" for p in counts])
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle("5.8 M MLP with Adam: the largest rank's memory")
+    fig.tight_layout()
+    save(fig, filename)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--memory-processes", type=int, nargs="+",
+                        default=list(MEMORY_PROCESSES))
+    parser.add_argument("--out", default="optimizer_sharding")
+    parser.add_argument("--tmp", default=None)
+    args = parser.parse_args()
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        run(tmp, args.rounds, tuple(args.memory_processes), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Optimizer-state sharding as processes on the real engines: the plain script's results.
+
+tests/scripts/sharded_optimizer.py's cases (test_sharded_optimizer_in_process.py runs every
+one at simulated ranks) as 3 processes under tfdist-run on TensorFlow's collectives with
+oneDNN forced off (the parameters' all-gather and the norms' all-reduce inside the compiled
+step, ModelCheckpoint and model.save on every rank writing through the chief's file): the
+same weights, history, evaluation, predictions and loaded-and-trained model as the plain
+script within 1e-4, and about 1/3 of the optimizer's bytes per rank. make test-all: every
+case, and Horovod's engine under horovodrun.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, onednn,
+                     run_case_script, script)
+
+# make test: a LossScaleOptimizer with EMA and accumulation (the norms' all-reduce in a
+# cond), the custom loop and the saves - the rest of the cases run in-process.
+FAST_CASES = "loss_scale_ema_accumulation,custom_loop_adam,save_and_load"
+RTOL, ATOL = 1e-5, 1e-4
+
+
+def every_case():
+    """The cases tests/scripts/sharded_optimizer.py defines, comma-separated."""
+    with open(script("sharded_optimizer.py"), encoding="utf-8") as source:
+        return ",".join(re.findall(r"^def case_(\w+)\(", source.read(), flags=re.MULTILINE))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The plain script's arrays per list of cases (run once each)."""
+    runs = {}
+
+    def reference(cases):
+        if cases not in runs:
+            directory = tmp_path_factory.mktemp("plain")
+            done = subprocess.run(
+                [sys.executable, script("sharded_optimizer.py"), str(directory / "out"),
+                 "--strategy", "plain", "--cases", cases, "--workdir", str(directory)],
+                capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, done.stderr[-3000:]
+            runs[cases] = load_ranks(str(directory / "out"), 1)[0]
+        return runs[cases]
+
+    return reference
+
+
+def assert_like_plain(reference, ranks):
+    """Rank 0 equals the plain script, every rank rank 0; each rank's optimizer bytes are
+    about 1/P of the plain optimizer's (the step count and rate are whole)."""
+    def state(arrays):
+        return {k: v for k, v in arrays.items() if not k.endswith("/optimizer_bytes")}
+
+    assert_ranks_match_reference(state(reference), [state(r) for r in ranks],
+                                 lambda key: (RTOL, ATOL), "the plain script")
+    for key, value in reference.items():
+        if key.endswith("/optimizer_bytes"):
+            for rank, arrays in enumerate(ranks):
+                assert int(arrays[key]) <= int(value) / len(ranks) + 64, (rank, key)
+
+
+def sharded_run(tmp_path, world, cases, args, launcher=None, extra_env=None):
+    workdir = tmp_path / "work"
+    os.makedirs(workdir, exist_ok=True)
+    return run_case_script("sharded_optimizer.py", str(tmp_path / f"np{world}"), world,
+                           ["--strategy", "sharded", "--workdir", str(workdir)] + args,
+                           cases, launcher, extra_env)
+
+
+def test_three_processes_on_tensorflows_collectives_equal_the_plain_script(plain, tmp_path):
+    ranks = sharded_run(tmp_path, 3, FAST_CASES, ["--backend", "collective"],
+                        extra_env=onednn("0"))
+    assert_like_plain(plain(FAST_CASES), ranks)
+
+
+@pytest.mark.slow
+def test_every_case_as_four_processes(plain, tmp_path):
+    cases = every_case()
+    assert_like_plain(plain(cases), sharded_run(tmp_path, 4, cases, ["--backend", "collective"],
+                                                extra_env=onednn("1")))
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+def test_two_processes_on_horovod_equal_the_plain_script(plain, tmp_path):
+    cases = every_case()
+    assert_like_plain(plain(cases), sharded_run(tmp_path, 2, cases, ["--backend", "horovod"],
+                                                launcher=horovodrun))
