@@ -26,6 +26,9 @@ only, which makes test_resume's SIGTERM 3 -> 2 case (the same notice path and re
 another size) a make test-all case; the decisions in-process (test_elastic_membership.py) and
 the launcher's loop with probe ranks (test_launcher.py, seconds); Horovod's elastic API, Ray
 Train's elastic ScalingConfig and a Slurm job requeued at another size in make test-all.
+Optimizer-state sharding: every case in-process at 2-4 ranks
+(test_sharded_optimizer_in_process.py), three of them as 3 processes on TensorFlow's
+collectives in make test; every case as 4 processes and on Horovod in make test-all.
 """
 
 # real_world.py cases the in-process tier runs in make test-fast (a few seconds each).

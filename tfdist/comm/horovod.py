@@ -91,7 +91,7 @@ class HorovodCommunicator(Communicator):
     def __init__(self, cluster, fusion_threshold_bytes=None):
         self._hvd = hvd = import_horovod()
         self._mpi_ops = importlib.import_module(f"{hvd.__name__}.mpi_ops")
-        self._branch_numbers = TraceStableCounter()
+        self._op_numbers = TraceStableCounter()
         self.timeout = float(cluster.timeout)
         if hvd.is_initialized():
             logging.info("tfdist: Horovod was already initialized; its settings are kept.")
@@ -150,31 +150,36 @@ class HorovodCommunicator(Communicator):
     def stop_engine_timeline(self):
         self._hvd.stop_timeline()
 
-    def _branch_name(self, kind):
-        """Inside a `tf.cond` branch: a name for a Horovod op of `kind`, the same on every rank.
+    def _op_name(self, kind):
+        """(name, ignore_name_scope) for a Horovod op of `kind` traced now, equal on every rank.
 
-        Horovod matches a tensor across ranks by its op's node name, and
-        TensorFlow prefixes the node names of an inlined cond branch with a
-        node number of the enclosing graph (`cond/then/_38/...`), which differs
-        between ranks whose step graphs differ (the chief's has ops the others'
-        lack): the ranks would wait for each other's names forever. There the op
-        is named by the current name scope and a trace-stable number, and
-        Horovod told to ignore the scope (`ignore_name_scope`). None elsewhere
-        (the names, with their `tfdist/<algorithm>/<phase>` scope, are equal).
+        Horovod matches a tensor across ranks by its op's node name. Its default
+        name is made of the input tensor's name, which differs between ranks
+        whose step graphs differ (the chief's has ops the others lack; an input
+        computable ahead on one rank is kept in the step by an addition,
+        `_kept_in_step`): each rank would wait for the others' name forever. So
+        every traced op is named by its kind and a trace-stable number
+        (`TraceStableCounter`), inside its name scope (`tfdist/<algorithm>/<phase>`,
+        which the profiler reads). Inside a `tf.cond` branch TensorFlow also
+        prefixes the node names of the inlined branch with a node number of the
+        enclosing graph (`cond/then/_38/...`), which differs the same way: there
+        the scope goes into the name, and Horovod is told to ignore the prefix.
+        Eager ops keep Horovod's own naming (they run in program order).
         """
-        if tf.executing_eagerly() or not _tf.in_cond_branch():
-            return None
-        scope = tf.get_current_name_scope().replace("/", ".").strip(".")
-        return f"{scope}.{kind}_{self._branch_numbers.take()}"
+        if tf.executing_eagerly():
+            return None, False
+        number = self._op_numbers.take()
+        if _tf.in_cond_branch():
+            scope = tf.get_current_name_scope().replace("/", ".").strip(".")
+            return f"{scope}.{kind}_{number}", True
+        return f"tfdist_{kind}_{number}", False
 
     def all_reduce(self, tensor):
         """Element-wise sum of `tensor` over all ranks."""
         tensor = self._kept_in_step([tensor])[0]
-        name = self._branch_name("allreduce")
-        if name is not None:
-            return self._mpi_ops._allreduce(  # pylint: disable=protected-access
-                tensor, name=name, op=self._hvd.Sum, ignore_name_scope=True)
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
+        name, ignore_scope = self._op_name("allreduce")
+        return self._mpi_ops._allreduce(  # pylint: disable=protected-access
+            tensor, name=name, op=self._hvd.Sum, ignore_name_scope=ignore_scope)
 
     def grouped_all_reduce(self, tensors):
         """Element-wise sums of several tensors, negotiated and fused as one group per dtype.
@@ -189,14 +194,10 @@ class HorovodCommunicator(Communicator):
             by_dtype.setdefault(tensor.dtype, []).append(position)
         results = [None] * len(tensors)
         for positions in by_dtype.values():
-            name = self._branch_name("grouped_allreduce")
-            if name is not None:
-                summed = self._mpi_ops._grouped_allreduce(  # pylint: disable=protected-access
-                    [tensors[p] for p in positions], name=name, op=self._hvd.Sum,
-                    ignore_name_scope=True)
-            else:
-                summed = self._hvd.grouped_allreduce([tensors[p] for p in positions],
-                                                     op=self._hvd.Sum)
+            name, ignore_scope = self._op_name("grouped_allreduce")
+            summed = self._mpi_ops._grouped_allreduce(  # pylint: disable=protected-access
+                [tensors[p] for p in positions], name=name, op=self._hvd.Sum,
+                ignore_name_scope=ignore_scope)
             for position, total in zip(positions, summed):
                 results[position] = total
         return results
@@ -204,15 +205,11 @@ class HorovodCommunicator(Communicator):
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ)."""
         tensor = self._kept_in_step([tf.convert_to_tensor(tensor)])[0]
-        name = self._branch_name("allgather")
-        if name is not None:
-            return self._mpi_ops.allgather(tensor, name=name, ignore_name_scope=True)
-        return self._hvd.allgather(tensor)
+        name, ignore_scope = self._op_name("allgather")
+        return self._mpi_ops.allgather(tensor, name=name, ignore_name_scope=ignore_scope)
 
     def broadcast(self, tensor, root=0):
         """Every rank gets `root`'s `tensor`."""
         tensor = self._kept_in_step([tf.convert_to_tensor(tensor)])[0]
-        name = self._branch_name("broadcast")
-        if name is not None:
-            return self._mpi_ops.broadcast(tensor, root, name=name, ignore_name_scope=True)
-        return self._hvd.broadcast(tensor, root_rank=root)
+        name, ignore_scope = self._op_name("broadcast")
+        return self._mpi_ops.broadcast(tensor, root, name=name, ignore_name_scope=ignore_scope)
