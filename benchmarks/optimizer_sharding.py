@@ -6,7 +6,10 @@ per process, one intra-op thread per process):
 
 * memory: at P = 1, 2 and 4 processes under tfdist-run, unsharded and
   `shard_optimizer_state=True`, every rank's optimizer bytes (its
-  `optimizer.variables`) and peak resident memory (`ru_maxrss`), after 2 epochs;
+  `optimizer.variables`), peak resident memory (`ru_maxrss`, most of it
+  TensorFlow's own ~0.8 GB) and training memory (resident memory after 2 epochs
+  less before the model was built: parameters, gradients, optimizer state and
+  the step's buffers);
 * step time at P = 2: the unsharded ring, the sharded ring and the
   no-communication floor (2 plain Keras processes), in interleaved rounds
   (the order alternates); ratios per round to the same round's unsharded ring
@@ -85,6 +88,7 @@ def measure_memory(tmp, processes):
                 "processes": p, "sharded": sharded,
                 "optimizer_mb_per_rank": [r["optimizer_bytes"] / 1e6 for r in ranks],
                 "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
+                "training_rss_mb_per_rank": [round(r["training_rss_mb"], 1) for r in ranks],
                 "parameters": ranks[0]["parameters"]})
     return rows
 
@@ -117,6 +121,9 @@ def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_s
                for row in memory}
     summary.update({f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
                     f"_peak_rss_mb_max_rank": max(row["peak_rss_mb_per_rank"]) for row in memory})
+    summary.update({f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
+                    f"_training_rss_mb_max_rank": max(row["training_rss_mb_per_rank"])
+                    for row in memory})
     summary.update({f"P{TIME_PROCESSES}_{key}": round(statistics.median(values), 3)
                     for key, values in ratios.items()})
     result = {
@@ -128,7 +135,8 @@ def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_s
         "description": (
             "784-2048-2048-10 MLP (5.8 M parameters), Adam(1e-3), 64 rows per process, one "
             "intra-op thread per process, all processes on one host (2 cores). memory: every "
-            f"rank's optimizer variables and peak RSS after {MEMORY_EPOCHS} epochs under "
+            f"rank's optimizer variables, peak RSS and training RSS (RSS after {MEMORY_EPOCHS} "
+            "epochs less RSS before the model was built) under "
             "tfdist-run, RingAllReduceStrategy(backend='collective') with and without "
             f"shard_optimizer_state=True. steps: median Keras step (epochs 2-{TIME_EPOCHS}) at "
             f"{TIME_PROCESSES} processes; floor = {TIME_PROCESSES} plain Keras processes at "
@@ -149,7 +157,8 @@ def plot(memory, filename):
     counts = sorted({row["processes"] for row in memory})
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for ax, key, label in ((axes[0], "optimizer_mb_per_rank", "optimizer state per rank (MB)"),
-                           (axes[1], "peak_rss_mb_per_rank", "peak RSS per rank (MB)")):
+                           (axes[1], "training_rss_mb_per_rank",
+                            "training memory per rank (MB)")):
         for offset, sharded in ((-0.2, False), (0.2, True)):
             values = [max(row[key]) for p in counts for row in memory
                       if row["processes"] == p and row["sharded"] == sharded]

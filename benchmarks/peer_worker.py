@@ -168,6 +168,15 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mb():
+    """This process's resident memory now, MB (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return 0.0
+
+
 def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer="sgd"):
     if model_name == "cnn":
         global_batch, samples = CNN_GLOBAL_BATCH, CNN_SAMPLES
@@ -176,6 +185,7 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer
         samples = global_batch * MLP_STEPS_PER_EPOCH
     x, y = make_data(model_name, samples, seed=0)
     keras.utils.set_random_seed(0)
+    rss_before_model = rss_mb()
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model = build_model(keras, model_name)
         model.compile(optimizer=(keras.optimizers.Adam(1e-3) if optimizer == "adam" else
@@ -193,7 +203,8 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer
             "mean_step_ms": 1e3 * statistics.fmean(timer.steps),
             "seconds_per_epoch": statistics.median(timer.epochs),
             "epoch_seconds": timer.epochs, "optimizer": optimizer,
-            "optimizer_bytes": optimizer_bytes(model.optimizer), "peak_rss_mb": peak_rss_mb()}
+            "optimizer_bytes": optimizer_bytes(model.optimizer), "peak_rss_mb": peak_rss_mb(),
+            "training_rss_mb": rss_mb() - rss_before_model}
 
 
 def exact_model(keras, strategy, processes, rank, name, model_name, directory):

@@ -152,3 +152,22 @@ def test_what_cannot_shard_is_refused_naming_it():
 
     message = refusal(apply_outside_a_step)
     assert "inside strategy.run" in message, message
+
+
+@pytest.mark.parametrize("sizes,world", [([7, 0, 5, 1], 3), ([3], 4), ([10, 10], 2), ([1, 2], 5)])
+def test_the_partition_covers_every_element_once_in_rank_order(sizes, world):
+    from tfdist.aggregation.ownership import FlatPartition  # pylint: disable=C0415
+
+    partition = FlatPartition(sizes, ["float32"] * len(sizes), world)
+    owned = partition.group_sizes["float32"]
+    assert sum(owned) == sum(sizes) and len(owned) == world
+    assert owned == sorted(owned, reverse=True) and owned[0] - min(owned) < world
+    position = 0
+    for index, size in enumerate(sizes):
+        pieces = partition.slices_of(index)
+        assert [p.start for p in pieces][:1] == [0] and pieces[-1].stop == size
+        for before, after in zip(pieces, pieces[1:]):
+            assert before.stop == after.start and before.rank < after.rank
+        assert sum(p.size for p in pieces) == size
+        position += size
+    assert position == sum(sizes)

@@ -7,8 +7,10 @@ one matrix unbalanced (the 784-2048-2048-10 MLP: one kernel is 72 % of its
 elements); DeepSpeed flattens the parameters and cuts the flat buffer into P
 equal ranges. `FlatPartition` does the latter: the variables of one dtype,
 flattened in the optimizer's order, form one buffer of N elements, cut into P
-contiguous ranges of near-equal size (they differ by at most one element), rank r
-owning range r. A variable is thus owned whole by one rank or split between
+contiguous ranges of ceil(N / P) elements (the last rank's holds the rest, fewer
+by at most P - 1), rank r owning range r: the ranges padded to equal size and
+concatenated are the buffer followed by its padding, so the parameters'
+all-gather needs no copy to strip the padding (`ceiling_ranges`). A variable is thus owned whole by one rank or split between
 consecutive ranks; each rank's part of a variable is one contiguous slice of
 its flattened elements, so an element-wise update of the slice equals the
 update of those elements in the whole variable.
@@ -22,7 +24,6 @@ built, from static shapes).
 import dataclasses
 from typing import Dict, List, Sequence, Tuple
 
-from tfdist.aggregation.fusion import near_equal_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,20 @@ class Slice:
     @property
     def size(self) -> int:
         return self.stop - self.start
+
+
+def ceiling_ranges(total: int, world_size: int) -> List[int]:
+    """P range sizes that cover `total` elements: ceil(total / P) for every rank while elements
+    last, the rest (possibly 0) after. So the ranks' ranges, each padded to the first's size
+    and concatenated in rank order, hold the buffer's elements at its start: a gather of
+    equal-size pieces is the buffer without any copy to strip the padding."""
+    width = -(-total // world_size) if total else 0
+    ranges = []
+    left = total
+    for _ in range(world_size):
+        ranges.append(min(width, left))
+        left -= ranges[-1]
+    return ranges
 
 
 class FlatPartition:
@@ -60,10 +75,7 @@ class FlatPartition:
         for group in dict.fromkeys(groups):
             members = [i for i, g in enumerate(groups) if g == group]
             total = sum(self.sizes[i] for i in members)
-            # Exactly P ranges (some empty when the buffer has fewer than P elements).
-            ranges = near_equal_sizes(total, self.world_size) if total >= self.world_size else (
-                [1] * total + [0] * (self.world_size - total))
-            self.group_sizes[group] = list(ranges)
+            self.group_sizes[group] = ranges = ceiling_ranges(total, self.world_size)
             bounds = [0]
             for size in ranges:
                 bounds.append(bounds[-1] + size)

@@ -7,8 +7,8 @@ Algorithm, per training step (`RingAllReduceStrategy(shard_optimizer_state=True)
    fused all-reduce, share-weighted, before clipping or accumulation), so every
    rank holds the global gradient.
 2. The trainable variables, flattened in the optimizer's order and grouped by
-   dtype, are cut into P contiguous ranges of near-equal size
-   (`tfdist.aggregation.ownership.FlatPartition`); rank r owns range r. Each
+   dtype, are cut into P contiguous ranges of ceil(N / P) elements (the last
+   ones shorter; `tfdist.aggregation.ownership.FlatPartition`); rank r owns range r. Each
    rank keeps its slice of each variable in a *shard variable* (a 1-D copy) and
    the optimizer's slots (Adam's moments, momentum, accumulators, EMA) only
    for those slices: every slot created from a model variable has the shape of
@@ -20,8 +20,10 @@ Algorithm, per training step (`RingAllReduceStrategy(shard_optimizer_state=True)
    in one all-reduce of a few scalars), loss-scale unscaling, gradient
    accumulation, weight decay, the update step, EMA - on its slices only.
 4. Each group's shard variables are all-gathered (one collective per dtype,
-   padded to the largest range) into the model's variables, then constraints
-   apply to the whole variables.
+   each range padded to the first's size: the gathered buffer is the flat
+   parameters followed by the padding, cut into the variables without copying
+   the whole again) into the model's variables, then constraints apply to the
+   whole variables.
 
 Guarantee: for an element-wise update rule (SGD, Adam, AdamW, Adamax, Nadam,
 RMSprop, Adagrad, Adadelta, Ftrl, Lion, and a LossScaleOptimizer around one)
@@ -152,14 +154,19 @@ class OptimizerShards:
                         variable.assign(tf.reshape(piece, variable.shape))
 
     def _gather_flat(self, group: str, locals_: Sequence) -> tf.Tensor:
+        """The group's whole flat buffer from every rank's range: one all-gather of the ranges
+        padded to the first's size, whose first N elements are the buffer (`ceiling_ranges`:
+        only the last ranks' ranges are short)."""
         sizes = self.partition.group_sizes[group]
         dtype = tf.as_dtype(group)
         parts = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in locals_ if v.shape[0]]
-        flat = tf.concat(parts, 0) if parts else tf.zeros([0], dtype)
+        flat = tf.concat(parts, 0) if len(parts) > 1 else (
+            parts[0] if parts else tf.zeros([0], dtype))
         width = max(max(sizes), 1)
-        padded = tf.pad(flat, [[0, width - sizes[self.rank]]])
-        gathered = self.communicator.all_gather_equal(tf.ensure_shape(padded, [width]))
-        return tf.concat([gathered[r, :sizes[r]] for r in range(self.world_size)], 0)
+        if sizes[self.rank] < width:
+            flat = tf.pad(flat, [[0, width - sizes[self.rank]]])
+        gathered = self.communicator.all_gather_equal(tf.ensure_shape(flat, [width]))
+        return tf.reshape(gathered, [-1])[:sum(sizes)]
 
     # ------------------------------------------------------------- checkpoints
     def consolidate(self) -> None:
