@@ -9,7 +9,9 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
+import h5py
 import numpy as np
 import pytest
 
@@ -272,3 +274,29 @@ def headless_browser():
         options.add_argument(flag)
     return webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path),
                             options=options)
+
+
+def h5_arrays(path):
+    """Every dataset of a Keras file (a .keras zip's weights, or a .weights.h5), by path."""
+    if str(path).endswith(".keras"):
+        with zipfile.ZipFile(path) as archive:
+            target = os.path.join(os.path.dirname(path), "extracted.weights.h5")
+            with open(target, "wb") as out:
+                out.write(archive.read("model.weights.h5"))
+            path = target
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()])
+                     if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def assert_same_keras_file_arrays(plain_path, sharded_path, rtol=1e-5, atol=1e-4):
+    """Two Keras files (.keras or .weights.h5) hold the same datasets, shapes and values (the
+    optimizer's among them)."""
+    plain, sharded = h5_arrays(plain_path), h5_arrays(sharded_path)
+    assert sorted(plain) == sorted(sharded)
+    assert any("optimizer" in key for key in plain), sorted(plain)
+    for key, value in plain.items():
+        assert np.shape(sharded[key]) == np.shape(value), key
+        np.testing.assert_allclose(sharded[key], value, rtol=rtol, atol=atol, err_msg=key)

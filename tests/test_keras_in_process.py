@@ -32,7 +32,8 @@ import pytest
 
 from helpers import assert_ranks_match_reference, max_abs_difference
 from tiers import (KERAS_PATTERNS_IN_PROCESS_TEST_ALL_ONLY, KERAS_PATTERNS_PROCESSES_ONLY,
-                   REAL_WORLD_CONVENTIONS, REAL_WORLD_IN_PROCESS, REAL_WORLD_PROCESSES_ONLY,
+                   REAL_WORLD_CONVENTIONS, REAL_WORLD_IN_PROCESS,
+                   REAL_WORLD_IN_PROCESS_TEST_ALL_ONLY, REAL_WORLD_PROCESSES_ONLY,
                    REAL_WORLD_TEST_ALL_ONLY)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
@@ -83,7 +84,9 @@ def test_keras_pattern_trains_like_one_process(name, kind, world):
                                  pattern_tolerance, "one rank")
 
 
-@pytest.mark.parametrize("name,kind,world", configured(REAL_WORLD_CASES, REAL_WORLD_IN_PROCESS))
+@pytest.mark.parametrize("name,kind,world", configured(
+    REAL_WORLD_CASES, [n for n in REAL_WORLD_IN_PROCESS
+                       if n not in REAL_WORLD_IN_PROCESS_TEST_ALL_ONLY]))
 def test_real_world_script_trains_like_the_plain_script(name, kind, world, tmp_path):
     case = real_world.CASES[name]
 

@@ -87,12 +87,11 @@ CASES = {
     "ray-worker-mid-step": ("ray", 2, 0, ["--strategy", "ring", "--step-delay", "0.5"],
                             "rank 1", "train", "the Ray Train run failed"),
 }
-# make test: a worker and the launcher killed mid-step (the tfdist-run cases); a dedicated
-# server killed mid-step is test_parameter_server.py's dead server in make test; every other
-# victim, phase and launcher in make test-all.
-FAST = ("worker-mid-step", "launcher-mid-step")
-# ray-worker-mid-step: make test-all; make test kills a Ray Train worker in test_resume.py
-# (ray-restarted: Ray restarts the run and it resumes).
+# make test: the launcher killed mid-step; a worker killed mid-step is test_elastic.py's
+# SIGKILLed rank (and test_failures.py's crashed rank), a dedicated server killed mid-step is
+# test_parameter_server.py's dead server; every other victim, phase and launcher in make
+# test-all (Ray Train's worker too, and test_resume.py's ray-restarted).
+FAST = ("launcher-mid-step",)
 # The restart column: the tfdist-run cases of synchronous strategies (tfdist-run restarts).
 RESTART_CASES = tuple(name for name, case in CASES.items()
                       if case[0] == "tfdist-run" and case[4] != "launcher"

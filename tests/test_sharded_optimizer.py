@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from helpers import (assert_ranks_match_reference, horovodrun, load_ranks, onednn,
-                     run_case_script, script)
+from helpers import (assert_ranks_match_reference, assert_same_keras_file_arrays, horovodrun,
+                     load_ranks, onednn, run_case_script, script)
 
 # make test: a LossScaleOptimizer with EMA and accumulation (the norms' all-reduce in a
 # cond), the custom loop and the saves - the rest of the cases run in-process.
@@ -44,7 +44,7 @@ def plain(tmp_path_factory):
                  "--strategy", "plain", "--cases", cases, "--workdir", str(directory)],
                 capture_output=True, text=True, timeout=900)
             assert done.returncode == 0, done.stderr[-3000:]
-            runs[cases] = load_ranks(str(directory / "out"), 1)[0]
+            runs[cases] = load_ranks(str(directory / "out"), 1)[0], directory
         return runs[cases]
 
     return reference
@@ -73,21 +73,27 @@ def sharded_run(tmp_path, world, cases, args, launcher=None, extra_env=None):
 
 
 def test_three_processes_on_tensorflows_collectives_equal_the_plain_script(plain, tmp_path):
+    """... and the files ModelCheckpoint, model.save and save_weights wrote on every rank hold
+    the plain script's arrays, the optimizer's whole state among them."""
     ranks = sharded_run(tmp_path, 3, FAST_CASES, ["--backend", "collective"],
                         extra_env=onednn("0"))
-    assert_like_plain(plain(FAST_CASES), ranks)
+    reference, plain_directory = plain(FAST_CASES)
+    assert_like_plain(reference, ranks)
+    for file in ("best.keras", "model.keras", "model.weights.h5"):
+        assert_same_keras_file_arrays(plain_directory / file, tmp_path / "work" / file)
 
 
 @pytest.mark.slow
 def test_every_case_as_four_processes(plain, tmp_path):
     cases = every_case()
-    assert_like_plain(plain(cases), sharded_run(tmp_path, 4, cases, ["--backend", "collective"],
-                                                extra_env=onednn("1")))
+    assert_like_plain(plain(cases)[0], sharded_run(tmp_path, 4, cases,
+                                                   ["--backend", "collective"],
+                                                   extra_env=onednn("1")))
 
 
 @pytest.mark.slow
 @pytest.mark.horovod
 def test_two_processes_on_horovod_equal_the_plain_script(plain, tmp_path):
     cases = every_case()
-    assert_like_plain(plain(cases), sharded_run(tmp_path, 2, cases, ["--backend", "horovod"],
-                                                launcher=horovodrun))
+    assert_like_plain(plain(cases)[0], sharded_run(tmp_path, 2, cases, ["--backend", "horovod"],
+                                                   launcher=horovodrun))

@@ -15,13 +15,10 @@ compressor, an update rule that is not element-wise, an apply outside a step.
 
 import os
 import sys
-import zipfile
-
-import h5py
 import numpy as np
 import pytest
 
-from helpers import assert_ranks_match_reference
+from helpers import assert_ranks_match_reference, assert_same_keras_file_arrays
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
 import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
@@ -36,6 +33,9 @@ RTOL, ATOL = 1e-5, 1e-4
 WORLDS = {"sgd_nesterov_clipnorm": 2, "adam_schedule_global_clipnorm": 3,
           "adamw_decay_excluding_biases": 4, "loss_scale_ema_accumulation": 4,
           "custom_train_step_rmsprop": 3, "custom_loop_adam": 3, "save_and_load": 2}
+# make test runs these as 3 processes (test_sharded_optimizer.py's FAST_CASES); here in make
+# test-all.
+AS_PROCESSES_IN_MAKE_TEST = ("loss_scale_ema_accumulation", "custom_loop_adam", "save_and_load")
 
 
 def run_case(name, kind, world, workdir):
@@ -51,7 +51,9 @@ def test_every_case_has_a_world_size():
     assert set(WORLDS) == set(sharded_optimizer.CASES)
 
 
-@pytest.mark.parametrize("name", sorted(WORLDS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow]
+                                               if name in AS_PROCESSES_IN_MAKE_TEST else [])
+                                  for name in sorted(WORLDS)])
 def test_sharded_training_equals_the_plain_script(name, tmp_path):
     world = WORLDS[name]
     reference = run_case(name, "plain", 1, tmp_path / "plain")
@@ -68,31 +70,7 @@ def test_sharded_training_equals_the_plain_script(name, tmp_path):
             rank, int(arrays["optimizer_bytes"]), plain_bytes)
     if name == "save_and_load":
         for file in ("best.keras", "model.keras", "model.weights.h5"):
-            assert_same_arrays(tmp_path / "plain" / file, tmp_path / "sharded" / file)
-
-
-def h5_arrays(path):
-    """Every dataset of a Keras file (a .keras zip's weights, or a .weights.h5), by path."""
-    if str(path).endswith(".keras"):
-        with zipfile.ZipFile(path) as archive:
-            target = os.path.join(os.path.dirname(path), "extracted.weights.h5")
-            with open(target, "wb") as out:
-                out.write(archive.read("model.weights.h5"))
-            path = target
-    arrays = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, item: arrays.__setitem__(name, item[()])
-                     if isinstance(item, h5py.Dataset) else None)
-    return arrays
-
-
-def assert_same_arrays(plain_path, sharded_path):
-    plain, sharded = h5_arrays(plain_path), h5_arrays(sharded_path)
-    assert sorted(plain) == sorted(sharded)
-    assert any("optimizer" in key for key in plain), sorted(plain)
-    for key, value in plain.items():
-        assert np.shape(sharded[key]) == np.shape(value), key
-        np.testing.assert_allclose(sharded[key], value, rtol=RTOL, atol=ATOL, err_msg=key)
+            assert_same_keras_file_arrays(tmp_path / "plain" / file, tmp_path / "sharded" / file)
 
 
 def test_a_sharded_backup_resumes_at_another_size_re_sharded(tmp_path):

@@ -26,9 +26,14 @@ only, which makes test_resume's SIGTERM 3 -> 2 case (the same notice path and re
 another size) a make test-all case; the decisions in-process (test_elastic_membership.py) and
 the launcher's loop with probe ranks (test_launcher.py, seconds); Horovod's elastic API, Ray
 Train's elastic ScalingConfig and a Slurm job requeued at another size in make test-all.
-Optimizer-state sharding: every case in-process at 2-4 ranks
-(test_sharded_optimizer_in_process.py), three of them as 3 processes on TensorFlow's
-collectives in make test; every case as 4 processes and on Horovod in make test-all.
+Optimizer-state sharding: four cases in-process at 2-4 ranks, the resume and the refusals
+(test_sharded_optimizer_in_process.py) and the other three (loss scaling with EMA and
+accumulation, the custom loop, the saved files) as 3 processes on TensorFlow's collectives
+in make test; every case in-process, as 4 processes and on Horovod in make test-all. To
+keep make test within its time: Ray Train's restart, the async PS's Downpour accounting
+launch, a worker SIGKILLed by the kill matrix (test_elastic's is), and the in-process runs
+of cases make test runs as processes (multi_io_weights, saves_on_rank_zero) are make
+test-all's.
 """
 
 # real_world.py cases the in-process tier runs in make test-fast (a few seconds each).
@@ -53,6 +58,9 @@ REAL_WORLD_PROCESSES_ONLY = ("seeded_before_strategy", "reshuffled_dataset",
 # keras_patterns.py cases simulated ranks cannot run: Python's `random` shuffles a PyDataset
 # between threads; per-rank BatchNorm statistics only agree across ranks.
 KERAS_PATTERNS_PROCESSES_ONLY = ("pydataset", "pydataset_unseeded", "batchnorm_empty_slices")
+# real_world.py cases of REAL_WORLD_IN_BOTH the in-process tier runs in make test-all only:
+# make test runs them as processes (saving on rank 0 only: 18 s as 5 simulated ranks).
+REAL_WORLD_IN_PROCESS_TEST_ALL_ONLY = ("saves_on_rank_zero",)
 # keras_patterns.py cases the in-process tier runs in make test-all only: make test's
 # parameter-server launch (test_keras_patterns.py) runs them as 2 processes (sample and class
 # weights on three outputs: 19 s as 4 simulated ranks).
