@@ -15,9 +15,8 @@ process; median Keras step of the epochs after the first):
                 per device from 16 MiB, see `tfdist.comm.tf_collective`);
 * horovod_gloo  `backend="horovod"` under `tfdist-run --horovod` (Gloo, TCP);
 * horovod_mpi   `backend="horovod"` under Open MPI's mpirun (shared memory);
-* ring_sharded, horovod_mpi_sharded: ring and horovod_mpi with
-                `shard_optimizer_state=True` (ZeRO stage 1: the parameters'
-                all-gather after the update);
+* ring_sharded  ring with `shard_optimizer_state=True` (ZeRO stage 1: the
+                parameters' all-gather after the update);
 * mwms          tf-keras + `MultiWorkerMirroredStrategy` (the peer benchmark's
                 environment), the baseline users have.
 
@@ -45,8 +44,7 @@ from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi
 from benchmarks.plotting import pyplot, save
 
 WORKER = os.path.join(HERE, "peer_worker.py")
-CONFIGS = ("floor", "ring", "ring_big", "ring_sharded", "horovod_gloo", "horovod_mpi",
-           "horovod_mpi_sharded", "mwms")
+CONFIGS = ("floor", "ring", "ring_big", "ring_sharded", "horovod_gloo", "horovod_mpi", "mwms")
 BIG_BUCKET_MB = 32
 ROUNDS = 3
 PROCESSES = (2,)
@@ -115,7 +113,6 @@ def available_configs(peer_python):
         why["horovod_gloo"] = why["horovod_mpi"] = "Horovod is not installed"
     if why["horovod_mpi"] is None and not mpirun_available():
         why["horovod_mpi"] = "no mpirun or no Horovod built with MPI"
-    why["horovod_mpi_sharded"] = why["horovod_mpi"]
     if peer_python is None:
         why["mwms"] = "no tf-keras peer environment"
     return why

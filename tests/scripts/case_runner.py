@@ -10,7 +10,7 @@ reference run.
 import numpy as np
 import tensorflow as tf
 
-STRATEGIES = ["plain", "ring", "tree", "ps"]
+STRATEGIES = ["plain", "ring", "sharded", "tree", "ps"]
 
 
 def cases_of(namespace):
@@ -20,13 +20,17 @@ def cases_of(namespace):
 
 def make_strategy(kind, backend="auto"):
     """The strategy a case script trains under: `plain` is no tfdist at all (the default
-    `tf.distribute` strategy); `ring`, `tree` (fanout 2) and `ps` are tfdist's."""
+    `tf.distribute` strategy); `ring`, `sharded` (the ring, optimizer state sharded),
+    `tree` (fanout 2) and `ps` are tfdist's."""
     if kind == "plain":
         return tf.distribute.get_strategy()
     import tfdist  # pylint: disable=import-outside-toplevel
 
     if kind == "ring":
         return tfdist.strategies.RingAllReduceStrategy(backend=backend)
+    if kind == "sharded":  # the ring with the optimizer state sharded (ZeRO stage 1)
+        return tfdist.strategies.RingAllReduceStrategy(backend=backend,
+                                                       shard_optimizer_state=True)
     if kind == "tree":
         return tfdist.strategies.ReductionTreeStrategy(fanout=2)
     return tfdist.strategies.ParameterServerStrategy()

@@ -135,14 +135,24 @@ class OptimizerShards:
         with tf.name_scope(communication_scope("sharded", "gradient_norms")):
             return self.communicator.all_reduce(tf.stack(squares))
 
-    def gather_into_model(self, indices: Optional[Sequence[int]] = None) -> None:
+    def gather_into_model(self, indices: Optional[Sequence[int]] = None,
+                          after: Sequence = ()) -> None:
         """Every rank's shard variables all-gathered into the model variables (one collective
-        per dtype group, each rank's range padded to the largest)."""
+        per dtype group, each rank's range padded to the largest), once the tensors `after`
+        exist.
+
+        `after` are the step's global gradients: a rank that owns nothing of a variable
+        uses none of its gradient's sum, and an engine whose collectives are stateless ops
+        (Horovod's) would have that sum pruned from the rank's step while the other ranks
+        wait for it; depending on every sum keeps each rank's collectives the same.
+        """
         chosen = set(range(len(self.variables)) if indices is None else indices)
         groups: Dict[str, List[int]] = {}
         for i, group in enumerate(self.partition.groups):
             groups.setdefault(group, []).append(i)
-        with tf.name_scope(communication_scope("sharded", "parameters")):
+        dependencies = [getattr(t, "values", t) for t in after if t is not None]
+        with tf.name_scope(communication_scope("sharded", "parameters")), \
+                tf.control_dependencies(dependencies):
             for group, members in groups.items():
                 if not chosen.intersection(members):
                     continue
