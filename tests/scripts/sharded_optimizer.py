@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from case_runner import cases_of, results, run_cases  # noqa: E402
+from keras_patterns import ComputeLossModel  # noqa: E402
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -105,21 +106,9 @@ def case_loss_scale_ema_accumulation(strategy):
 
 
 class CustomStep(keras.Sequential):
-    """keras.io's "Customizing what happens in fit()": its own tape and apply."""
+    """keras.io's "Customizing what happens in fit()": its own tape and apply (keras_patterns')."""
 
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-        gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(gradients, self.trainable_variables)
-        for metric in self.metrics:
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(y, y_pred)
-        return {m.name: m.result() for m in self.metrics}
+    train_step = ComputeLossModel.train_step
 
 
 def case_custom_train_step_rmsprop(strategy):
