@@ -174,13 +174,15 @@ def case_save_and_load(strategy):
 CASES = cases_of(globals())
 
 
-def make_strategy(kind, backend="auto"):
+def make_strategy(kind, backend="auto", bucket_bytes=None):
     if kind == "plain":
         return tf.distribute.get_strategy()
     import tfdist  # pylint: disable=import-outside-toplevel
 
+    buckets = {} if bucket_bytes is None else {"fusion_threshold_bytes": bucket_bytes,
+                                               "first_bucket_bytes": bucket_bytes}
     return tfdist.strategies.RingAllReduceStrategy(
-        backend=backend, shard_optimizer_state=(kind == "sharded"))
+        backend=backend, shard_optimizer_state=(kind == "sharded"), **buckets)
 
 
 def main():
@@ -190,9 +192,12 @@ def main():
     parser.add_argument("--strategy", choices=("plain", "sharded", "ring"), default="sharded")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--workdir", default=".")
+    parser.add_argument("--bucket-bytes", type=int, default=None,
+                        help="the ring's largest gradient bucket, the first's too (default the "
+                             "strategy's)")
     args = parser.parse_args()
     WORKDIR[0] = args.workdir
-    strategy = make_strategy(args.strategy, args.backend)
+    strategy = make_strategy(args.strategy, args.backend, args.bucket_bytes)
     run_cases(CASES, args.cases.split(","), strategy, args.out)
 
 

@@ -30,25 +30,6 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     return engine_choice.backend_of(engine), why
 
 
-def sharded_backend(backend):
-    """(backend, why) for a sharded optimizer state: TensorFlow's collectives.
-
-    On Horovod's engine a sharded step of a model whose gradients fill several buckets
-    stalls (the 5.8 M MLP: the ranks wait on different tensors; one bucket trains), so
-    until that is found "auto" takes TensorFlow's collectives and "horovod" is refused.
-    """
-    if backend == "horovod":
-        raise ValueError(
-            "tfdist: shard_optimizer_state=True does not run on Horovod's engine yet (a "
-            "sharded step of gradients in several buckets stalls there); use "
-            "backend='collective' or 'auto' (which then takes TensorFlow's collectives), or "
-            "shard_optimizer_state=False.")
-    if backend == "auto":
-        return "collective", ("collective: shard_optimizer_state=True runs on TensorFlow's "
-                              "collectives")
-    return backend, None
-
-
 class RingAllReduceStrategy(DataParallelStrategy):
     """Synchronous data parallelism with ring all-reduce of the gradients.
 
@@ -92,8 +73,8 @@ class RingAllReduceStrategy(DataParallelStrategy):
             (Adam's moments, momentum, EMA, accumulators) of 1/P of the parameters,
             updates those and the parameters are all-gathered after each step;
             training, evaluation and saved files equal the unsharded strategy's.
-            Element-wise optimizers only; with "fp16" or no compression; on
-            TensorFlow's collectives (not yet on Horovod's engine). Algorithm,
+            Element-wise optimizers only; with "fp16" or no compression; on either
+            engine. Algorithm,
             guarantee and cost: `tfdist.strategies.sharded_optimizer_state`.
 
     Example:
@@ -112,10 +93,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
                  compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
                  implementation="auto", per_rank_input=False, shard_optimizer_state=False):
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
-        if shard_optimizer_state:
-            backend, why = sharded_backend(backend)
-        self.backend, auto_why = resolve_backend(backend, self.fusion_threshold_bytes)
-        why = why if shard_optimizer_state else auto_why
+        self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts
         engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
                           if self.backend == "horovod" else {"implementation": implementation})

@@ -87,6 +87,8 @@ class OptimizerShards:
                 tf.Variable(tf.zeros([stop - start], tf.as_dtype(v.dtype)), trainable=False,
                             name=f"{_path(v).replace('/', '_')}_shard")
                 for v, (start, stop) in zip(self.variables, self.ranges)]
+            # Written each step with a scalar read from every global gradient (`keep_all`).
+            self._consumed = tf.Variable(0.0, trainable=False, name="tfdist_consumed_gradients")
         for i, shard in enumerate(self.shard_variables):
             self._index[id(shard)] = i
         self.slots: Dict[int, tuple] = {}  # id(slot) -> (slot, index of its model variable)
@@ -135,24 +137,31 @@ class OptimizerShards:
         with tf.name_scope(communication_scope("sharded", "gradient_norms")):
             return self.communicator.all_reduce(tf.stack(squares))
 
-    def gather_into_model(self, indices: Optional[Sequence[int]] = None,
-                          after: Sequence = ()) -> None:
-        """Every rank's shard variables all-gathered into the model variables (one collective
-        per dtype group, each rank's range padded to the largest), once the tensors `after`
-        exist.
+    def keep_all(self, gradients: Sequence) -> None:
+        """Every global gradient stays in this rank's step, also those it owns nothing of.
 
-        `after` are the step's global gradients: a rank that owns nothing of a variable
-        uses none of its gradient's sum, and an engine whose collectives are stateless ops
-        (Horovod's) would have that sum pruned from the rank's step while the other ranks
-        wait for it; depending on every sum keeps each rank's collectives the same.
+        A rank whose ranges miss a variable uses none of that gradient's sum, and an
+        engine whose collectives are stateless ops to TensorFlow (Horovod's) then loses
+        the collective: Grappler prunes it, or its dependency optimizer turns a node
+        whose results only feed control edges into a NoOp - and the other ranks wait
+        for that rank's part of the bucket forever. One element of each gradient
+        written to a rank-local scalar (a stateful op: never pruned, runs every step)
+        keeps each rank's collectives the same for a few scalar reads.
         """
+        firsts = [tf.reduce_sum(tf.cast(tf.reshape(getattr(g, "values", g), [-1])[:1],
+                                        tf.float32))
+                  for g in gradients if g is not None]
+        if firsts:
+            self._consumed.assign(tf.add_n(firsts))
+
+    def gather_into_model(self, indices: Optional[Sequence[int]] = None) -> None:
+        """Every rank's shard variables all-gathered into the model variables (one collective
+        per dtype group, each rank's range padded to the largest)."""
         chosen = set(range(len(self.variables)) if indices is None else indices)
         groups: Dict[str, List[int]] = {}
         for i, group in enumerate(self.partition.groups):
             groups.setdefault(group, []).append(i)
-        dependencies = [getattr(t, "values", t) for t in after if t is not None]
-        with tf.name_scope(communication_scope("sharded", "parameters")), \
-                tf.control_dependencies(dependencies):
+        with tf.name_scope(communication_scope("sharded", "parameters")):
             for group, members in groups.items():
                 if not chosen.intersection(members):
                     continue

@@ -100,7 +100,8 @@ def apply_sharded(optimizer, original_apply, grads, trainable_variables):
     shards.copy_in()
     result = original_apply(optimizer, slices, variables)
     applied = [i for g, i in zip(grads, indices) if g is not None]
-    shards.gather_into_model(after=grads)  # every gradient's sum stays in every rank's step
+    shards.keep_all(grads)  # every gradient's sum stays in every rank's step
+    shards.gather_into_model()
     for i in applied:
         variable = shards.variables[i]
         if getattr(variable, "constraint", None) is not None:
