@@ -13,10 +13,13 @@ process; median Keras step of the epochs after the first):
 * ring_big      the same with 32 MiB buckets: one fused all-reduce of the whole
                 23 MB gradient, which the communicator subdivides (16 pieces
                 per device from 16 MiB, see `tfdist.comm.tf_collective`);
-* horovod_gloo  `backend="horovod"` under `tfdist-run --horovod` (Gloo, TCP);
+* horovod_gloo  `backend="horovod"` under tfdist-run (Gloo, TCP);
 * horovod_mpi   `backend="horovod"` under Open MPI's mpirun (shared memory);
-* ring_sharded  ring with `shard_optimizer_state=True` (ZeRO stage 1: the
-                parameters' all-gather after the update);
+* auto          `RingAllReduceStrategy()` under plain `tfdist-run`: the engine a
+                user's script gets (tfdist-run makes Horovod's available when it
+                is installed, and "auto" takes the faster);
+* *_sharded     the same with `shard_optimizer_state=True` (ZeRO stage 1: the
+                parameters' all-gather after the update; ring, horovod_gloo, auto);
 * mwms          tf-keras + `MultiWorkerMirroredStrategy` (the peer benchmark's
                 environment), the baseline users have.
 
@@ -44,7 +47,8 @@ from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi
 from benchmarks.plotting import pyplot, save
 
 WORKER = os.path.join(HERE, "peer_worker.py")
-CONFIGS = ("floor", "ring", "ring_big", "ring_sharded", "horovod_gloo", "horovod_mpi", "mwms")
+CONFIGS = ("floor", "ring", "ring_big", "ring_sharded", "horovod_gloo", "horovod_gloo_sharded",
+           "horovod_mpi", "auto", "auto_sharded", "mwms")
 BIG_BUCKET_MB = 32
 ROUNDS = 3
 PROCESSES = (2,)
@@ -85,11 +89,12 @@ def _distributed(tmp, config, processes, tag, peer_python):
         peer_report.launch_mwms(peer_python, processes, out,
                                 ["--time", "--models", "mlp", "--epochs", str(EPOCHS)])
     else:
-        strategy = "ring" if config.startswith("ring") else "horovod"
         options = ["--bucket-mb", str(BIG_BUCKET_MB)] if config == "ring_big" else []
         if config.endswith("_sharded"):
             options.append("--shard-optimizer-state")
             config = config[:-len("_sharded")]
+        strategy = ("ring" if config.startswith("ring") else
+                    "auto" if config == "auto" else "horovod")
         worker = _worker(sys.executable, out, strategy, *options)
         if config == "horovod_mpi":
             command = mpirun_command(processes) + worker
@@ -102,15 +107,18 @@ def _distributed(tmp, config, processes, tag, peer_python):
         print("$", " ".join(command), flush=True)
         peer_report._run(command, env=env)  # pylint: disable=protected-access
     with open(out) as f:
-        result = json.load(f)["models"]["mlp"]
-    return {"median_step_ms": result["median_step_ms"], "parameters": result["parameters"]}
+        everything = json.load(f)
+    result = everything["models"]["mlp"]
+    return {"median_step_ms": result["median_step_ms"], "parameters": result["parameters"],
+            "backend": everything.get("backend")}
 
 
 def available_configs(peer_python):
     """{config: None if it can run here, else why not}."""
     why = dict.fromkeys(CONFIGS)
     if importlib.util.find_spec("horovod") is None:
-        why["horovod_gloo"] = why["horovod_mpi"] = "Horovod is not installed"
+        why["horovod_gloo"] = why["horovod_gloo_sharded"] = why["horovod_mpi"] = (
+            "Horovod is not installed")
     if why["horovod_mpi"] is None and not mpirun_available():
         why["horovod_mpi"] = "no mpirun or no Horovod built with MPI"
     if peer_python is None:
@@ -171,8 +179,10 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engin
             "floor = P independent plain Keras processes started together (no "
             "communication); ring = RingAllReduceStrategy(backend='collective') default "
             f"buckets; ring_big = {BIG_BUCKET_MB} MiB buckets (one fused all-reduce, "
-            "subdivided); *_sharded = the same with shard_optimizer_state=True; horovod_gloo / horovod_mpi = backend='horovod' under "
-            "tfdist-run --horovod / mpirun; mwms = tf-keras + MultiWorkerMirroredStrategy. "
+            "subdivided); horovod_gloo / horovod_mpi = backend='horovod' under tfdist-run / "
+            "mpirun; auto = RingAllReduceStrategy() under plain tfdist-run (the engine "
+            "'auto' takes there: 'backend' per run); *_sharded = the same with "
+            "shard_optimizer_state=True; mwms = tf-keras + MultiWorkerMirroredStrategy. "
             "over_floor: per-round ratio to the floor of the same round, median over "
             "rounds; rounds alternate the order."),
     }

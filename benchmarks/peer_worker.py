@@ -7,7 +7,9 @@ STRATEGY picks the framework:
   ring | tree | ps   Keras 3 with tfdist's RingAllReduceStrategy(backend="collective"),
                      ReductionTreeStrategy() or ParameterServerStrategy() (under tfdist-run)
   horovod            Keras 3 with RingAllReduceStrategy(backend="horovod") (under
-                     `tfdist-run --horovod`: Gloo, or mpirun: MPI)
+                     `tfdist-run` with Horovod installed: Gloo, or mpirun: MPI)
+  auto               Keras 3 with RingAllReduceStrategy() (backend "auto": the engine
+                     tfdist picks under the launcher)
   mwms               tf-keras (Keras 2, TF_USE_LEGACY_KERAS=1) with
                      tf.distribute.MultiWorkerMirroredStrategy (one process per worker,
                      TF_CONFIG); runs in the peer environment, so nothing here imports tfdist
@@ -34,7 +36,7 @@ import time
 import numpy as np
 
 STARTED = time.perf_counter()
-OUR_STRATEGIES = ("ring", "tree", "ps", "horovod")
+OUR_STRATEGIES = ("ring", "tree", "ps", "horovod", "auto")
 TF_KERAS = ("mwms", "tf_keras")
 MODELS = ("cnn", "mlp")
 CNN_SAMPLES, CNN_GLOBAL_BATCH = 22 * 64, 64
@@ -58,7 +60,8 @@ def parse_args():
                         help="ring and horovod: largest gradient bucket in MiB (default the "
                              "strategy's)")
     parser.add_argument("--shard-optimizer-state", action="store_true",
-                        help="ring and horovod: RingAllReduceStrategy(shard_optimizer_state=True)")
+                        help="ring, horovod and auto: "
+                             "RingAllReduceStrategy(shard_optimizer_state=True)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="the timed models' optimizer (default SGD with momentum)")
     args = parser.parse_args()
@@ -96,6 +99,7 @@ def load_framework(name, bucket_mb=None, shard_optimizer_state=False):
                     backend="collective", **buckets),
                 "horovod": lambda: tfdist.strategies.RingAllReduceStrategy(
                     backend="horovod", **buckets),
+                "auto": lambda: tfdist.strategies.RingAllReduceStrategy(**buckets),
                 "tree": tfdist.strategies.ReductionTreeStrategy,
                 "ps": tfdist.strategies.ParameterServerStrategy}[name]()
     return keras, tf, strategy, strategy.rank, strategy.world_size, tfdist
@@ -239,6 +243,8 @@ def main():
               "framework": "tf_keras" if args.strategy in TF_KERAS else "keras3",
               "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
               "startup_seconds": time.perf_counter() - STARTED, "models": {}, "exact": {}}
+    if getattr(strategy, "backend", None) is not None:  # the engine a ring strategy runs on
+        result["backend"] = strategy.backend
     if args.time:
         for model_name in args.models:
             result["models"][model_name] = time_model(keras, tfdist, strategy, processes,

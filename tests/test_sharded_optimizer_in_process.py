@@ -100,7 +100,7 @@ def refusal(make, world=2):
     return str(failure.value.__cause__)
 
 
-def test_what_cannot_shard_is_refused_naming_it():
+def test_what_cannot_shard_is_refused_naming_it(tmp_path):
     message = refusal(lambda: tfdist.strategies.ReductionTreeStrategy(shard_optimizer_state=True))
     assert "ReductionTreeStrategy cannot shard" in message and "RingAllReduceStrategy(" in message
     message = refusal(lambda: tfdist.strategies.RingAllReduceStrategy(
@@ -130,6 +130,22 @@ def test_what_cannot_shard_is_refused_naming_it():
 
     message = refusal(apply_outside_a_step)
     assert "inside strategy.run" in message, message
+
+    def checkpoint_on_rank_zero_only(rank, directory):
+        """Horovod's convention: the saving callbacks on rank 0 alone."""
+        strategy = tfdist.strategies.RingAllReduceStrategy(shard_optimizer_state=True)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            model.compile(optimizer="adam", loss="mse")
+        callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(directory, "m.keras"))]
+        model.fit(np.ones((8, 3)), np.ones((8, 2)), batch_size=4, verbose=0,
+                  callbacks=callbacks if rank == 0 else [])
+
+    with pytest.raises(SimulationError) as failure:
+        simulate_processes(2, lambda rank: checkpoint_on_rank_zero_only(rank, str(tmp_path)))
+    message = str(failure.value.__cause__)
+    assert "different ModelCheckpoint / BackupAndRestore callbacks" in message, message
+    assert "[1, 0]" in message or "['1', '0']" in message, message
 
 
 @pytest.mark.parametrize("sizes,world", [([7, 0, 5, 1], 3), ([3], 4), ([10, 10], 2), ([1, 2], 5)])

@@ -98,9 +98,10 @@ PORT_BASE = _declare(
     "PORT_BASE", "int", "free ports", YOU,
     "tfdist-run `--port-base`: first of the consecutive ports its processes listen on.", _LAUNCH)
 HOROVOD = _declare(
-    "HOROVOD", "flag", "0", YOU,
-    "tfdist-run `--horovod`: also make the ranks a Horovod (Gloo) job, as horovodrun would.",
-    _LAUNCH)
+    "HOROVOD", "flag or empty", "empty: when Horovod is installed", YOU,
+    "tfdist-run `--horovod` (1) / `--no-horovod` (0): make the ranks a Horovod (Gloo) job, as "
+    "horovodrun would, so that RingAllReduceStrategy(backend=\"auto\") can take Horovod's "
+    "engine. Unset: when Horovod is installed.", _LAUNCH)
 VERBOSE = _declare(
     "VERBOSE", "flag", "0", YOU,
     "tfdist-run `--verbose`: relay TensorFlow's start-up notices and every rank's identical "
@@ -286,11 +287,11 @@ class Foreign:  # pylint: disable=too-few-public-methods
                                 "This host's name in the job (its address for peers).",
                                 _FROM_LAUNCHERS)
     HOROVOD_GLOO_RENDEZVOUS_ADDR = _foreign(
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR", "horovodrun (Gloo), tfdist-run --horovod",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR", "horovodrun (Gloo), tfdist-run",
         "Horovod's rendezvous server: a Gloo job; tfdist swaps its addresses there.",
         _FROM_LAUNCHERS)
     HOROVOD_GLOO_RENDEZVOUS_PORT = _foreign(
-        "HOROVOD_GLOO_RENDEZVOUS_PORT", "horovodrun (Gloo), tfdist-run --horovod",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT", "horovodrun (Gloo), tfdist-run",
         "The rendezvous server's port.", _FROM_LAUNCHERS)
     HOROVOD_CPU_OPERATIONS = _foreign("HOROVOD_CPU_OPERATIONS", "you, horovodrun",
                                       "`gloo`: Horovod's CPU operations run on Gloo.",
@@ -346,6 +347,10 @@ class Foreign:  # pylint: disable=too-few-public-methods
     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = _foreign(
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "tfdist (default)",
         "Set to the job timeout unless you set it: a stalled rank ends the job.", _FOR_ENGINES)
+    HOROVOD_STALL_CHECK_TIME_SECONDS = _foreign(
+        "HOROVOD_STALL_CHECK_TIME_SECONDS", "tfdist (default)",
+        "Horovod's stall check period: the job timeout when under 60 s (Horovod's default), "
+        "unless you set it (Horovod ignores a shutdown time below it).", _FOR_ENGINES)
     HOROVOD_CYCLE_TIME = _foreign("HOROVOD_CYCLE_TIME", "tfdist (default)",
                                   "Horovod's cycle time, tfdist's measured default unless set.",
                                   _FOR_ENGINES)

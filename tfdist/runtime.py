@@ -23,7 +23,7 @@ Engines:
                 TF_CONFIG and Kubernetes, swapped under horovodrun, mpirun
                 and srun (`tfdist.comm.address_exchange`).
   "horovod"     Horovod's ops (`tfdist.comm.horovod`); needs a process started
-                by horovodrun, `tfdist-run --horovod`, or mpirun (with a
+                by horovodrun, tfdist-run (Horovod installed), or mpirun (with a
                 Horovod built with MPI).
 """
 
@@ -101,7 +101,7 @@ def cluster() -> cluster_lib.Cluster:
 def launched_with_horovod() -> bool:
     """True when Horovod knows this process's peers.
 
-    That is: started by horovodrun or `tfdist-run --horovod` (Gloo), or by
+    That is: started by horovodrun or tfdist-run with Horovod installed (Gloo), or by
     mpirun (`horovodrun --mpi` runs mpirun) with a Horovod built with MPI.
     """
     if Foreign.HOROVOD_RANK.is_set() and Foreign.HOROVOD_SIZE.is_set():
@@ -206,8 +206,8 @@ def _start_horovod(spec: cluster_lib.Cluster,
     if not launched_with_horovod():
         raise RuntimeError(
             f"tfdist rank {spec.rank}: the Horovod engine needs processes started by "
-            "horovodrun, `tfdist-run --horovod`, or mpirun with a Horovod built with MPI "
-            "(launched here by "
+            "horovodrun, tfdist-run (without --no-horovod, with Horovod installed), or mpirun "
+            "with a Horovod built with MPI (launched here by "
             f"{spec.launcher}); use backend='collective' or change the launcher."
         )
     from tfdist.comm.horovod import HorovodCommunicator

@@ -26,6 +26,7 @@ sets it when `tfdist-run --profile` asked for profiles.
 
 import importlib
 import os
+import sys
 
 import tensorflow as tf
 from absl import logging
@@ -33,14 +34,24 @@ from absl import logging
 from tfdist.env_vars import Foreign
 from tfdist import _tf
 from tfdist.comm.base import Communicator
+from tfdist.comm.liveness import PeerMonitor
 from tfdist.comm.trace_counter import TraceStableCounter
-from tfdist.errors import ClusterError
+from tfdist.errors import ClusterError, explain_uncaught
 from tfdist.profiling import names
 
 _INSTALL_HINT = (
     "Horovod is not installed in this environment: `make install` builds it (it needs "
     "cmake and g++), or see scripts/install_horovod.sh."
 )
+
+
+def _end_process(kind, message):
+    """Horovod has no abort: a wait past its deadline ends the process (exit code 1), and the
+    launcher stops the other ranks."""
+    del kind
+    print(f"{message}; Horovod cannot abort its collectives: this process ends (exit code 1)",
+          file=sys.stderr, flush=True)
+    os._exit(1)  # pylint: disable=protected-access
 
 
 def import_horovod():
@@ -68,6 +79,7 @@ def horovod_mpi_built():
         return False
 
 
+STALL_CHECK_SECONDS = 60  # Horovod's default HOROVOD_STALL_CHECK_TIME_SECONDS
 DEFAULT_CYCLE_TIME_MS = "0.1"  # unless HOROVOD_CYCLE_TIME (horovodrun --cycle-time-ms) is set
 
 
@@ -75,7 +87,7 @@ class HorovodCommunicator(Communicator):
     """The `Communicator` on Horovod's collectives (no point-to-point transfers).
 
     Create at most one per process (see `tfdist.runtime`). The process must
-    have been started by `horovodrun` or `tfdist-run --horovod`, which tell
+    have been started by `horovodrun`, mpirun or tfdist-run (Horovod installed), which tell
     Horovod where its peers are.
 
     Args:
@@ -99,6 +111,10 @@ class HorovodCommunicator(Communicator):
             defaults = {
                 Foreign.HOROVOD_GLOO_TIMEOUT_SECONDS.name: str(int(self.timeout)),
                 Foreign.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.name: str(int(self.timeout)),
+                # Horovod checks for stalls every 60 s by default and ignores a shutdown
+                # time below that: a timeout under 60 s would never end a stalled job.
+                Foreign.HOROVOD_STALL_CHECK_TIME_SECONDS.name: str(
+                    max(1, min(STALL_CHECK_SECONDS, int(self.timeout)))),
                 # The background thread's wake-up period (Horovod's default: 1 ms) is
                 # latency every step pays: 0.1 ms took a tiny all-reduce from 1.1 to
                 # 0.45 ms and the digits step from 8.8 to 6.3-7.2 ms (2 processes, 2 CPUs).
@@ -117,9 +133,12 @@ class HorovodCommunicator(Communicator):
             raise ClusterError(
                 f"tfdist: Horovod says rank {self.rank} of {self.world_size} but the cluster "
                 f"environment says rank {cluster.rank} of {cluster.world_size}; "
-                "was this process started by horovodrun or tfdist-run --horovod?"
+                "was this process started by horovodrun or tfdist-run?"
             )
         self.transport = "mpi" if hvd.mpi_enabled() else "gloo"
+        explain_uncaught(self._explain_failure)
+        # The waits' deadlines only: Horovod's peers listen on no port tfdist knows.
+        self._monitor = PeerMonitor(self.rank, [], self.timeout, _end_process)
         with tf.init_scope():
             self._in_step = tf.Variable(0, trainable=False, name="tfdist_horovod_zero")
 
@@ -138,6 +157,35 @@ class HorovodCommunicator(Communicator):
             return list(tensors)
         return [t + tf.cast(self._in_step.read_value(), t.dtype) if _tf.computable_ahead(t) else t
                 for t in tensors]
+
+    def expect_progress(self, description):
+        """Bound one call of a compiled function (or a save's gathers) by the job timeout.
+
+        Horovod's stall check (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set to the timeout)
+        should end such a wait, but on Gloo it can wait for ever itself (its negotiation
+        blocks on a rank whose ops never come: measured on a rank sleeping in a callback);
+        a wait that outlives the timeout ends this process with a message naming it.
+        """
+        return self._monitor.waiting(description)
+
+    def stop_watching(self):
+        self._monitor.stop()
+
+    def _explain_failure(self, error):
+        """One line naming this rank and the job timeout after Horovod's shutdown error.
+
+        Horovod ends every pending and later op of a rank with the same message when its
+        stall check finds ranks that did not submit a tensor within
+        HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (tfdist: the job timeout), when a peer's
+        connection broke (HOROVOD_GLOO_TIMEOUT_SECONDS) or when a rank raised; its log
+        above names the missing ranks.
+        """
+        if "Horovod has been shut down" not in str(error):
+            return None
+        return (f"tfdist rank {self.rank}: Horovod stopped the job: a peer waited more than the "
+                f"{self.timeout:g} s timeout for its peers (ranks alive but out of step: see "
+                "Horovod's stall report above, naming the missing ranks), or a peer failed or "
+                "exited (see its output).")
 
     def start_engine_timeline(self, directory):
         """Horovod's timeline into `directory`/`names.HOROVOD_TIMELINE_FILE` (rank 0 writes it)."""

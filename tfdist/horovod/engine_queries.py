@@ -4,7 +4,7 @@ Scripts branch on them (`if hvd.nccl_built(): ...`). The answers describe
 what moves this job's bytes:
 
 * on Horovod's engine (`RingAllReduceStrategy(backend="auto")` chose it:
-  horovodrun, mpirun, `tfdist-run --horovod`), Horovod's own answers;
+  horovodrun, mpirun, tfdist-run with Horovod installed), Horovod's own answers;
 * on TensorFlow's collectives, TensorFlow's: `gloo_*`, `mpi_*`, `ddl_built`,
   `ccl_built` are False, `cuda_built` / `nccl_built` / `rocm_built` say
   whether TensorFlow was built for CUDA (its collectives then use NCCL for

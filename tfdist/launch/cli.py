@@ -1,6 +1,6 @@
 """`tfdist-run`: start a multi-process tfdist job on this machine.
 
-    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--horovod]
+    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--[no-]horovod]
                [--verbose] [--keep-going] [--max-restarts R]
                [--min-np A] [--max-np B] [--host-discovery-script S] [--slots-per-host K]
                [--elastic-timeout S] [--reset-limit R]
@@ -11,8 +11,10 @@ Starts N training processes (ranks 0 .. N-1) and K parameter-server processes,
 each with the environment `tfdist.process_setup.cluster.discover` reads. Every flag can also
 be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
 `TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`, `TFDIST_MAX_RESTARTS`, the
-elastic ones in `tfdist.env_vars`). With `--horovod` the ranks are also a Horovod job (Gloo), as under `horovodrun --gloo`, for
-`RingAllReduceStrategy(backend="horovod")`. The exit code is 0 when every rank
+elastic ones in `tfdist.env_vars`). When Horovod is installed (or with `--horovod`; not with `--no-horovod`) the ranks are also
+a Horovod job (Gloo), as under `horovodrun --gloo`: `RingAllReduceStrategy(backend="auto")`
+then takes Horovod's engine, the faster on big gradients (`tfdist.process_setup.engine_choice`),
+and `backend="horovod"` and `tfdist.horovod.keras` work. The exit code is 0 when every rank
 exits 0, otherwise that of the first process to fail (the others are
 terminated and the failing rank is named). With `--max-restarts R` a failed
 job is started again, whole, up to R times (torchrun's semantics): new
@@ -75,12 +77,17 @@ def build_parser():
         help=f"first of the consecutive ports to use (env {env_vars.PORT_BASE}; default: free "
              "ports)",
     )
-    parser.add_argument(
-        "--horovod", action="store_true",
-        default=env_vars.HOROVOD.flag(),
-        help=f"also make the ranks a Horovod (Gloo) job, as horovodrun would (env "
-             f"{env_vars.HOROVOD}=1)",
-    )
+    horovod = parser.add_mutually_exclusive_group()
+    horovod.add_argument(
+        "--horovod", action="store_true", default=None,
+        help="make the ranks a Horovod (Gloo) job, as horovodrun would, and fail if Horovod "
+             f"is not installed (env {env_vars.HOROVOD}=1). Default: when Horovod is "
+             "installed, so that RingAllReduceStrategy(backend=\"auto\") can take its "
+             "engine, the faster one on big gradients")
+    horovod.add_argument(
+        "--no-horovod", dest="horovod", action="store_false",
+        help=f"do not start Horovod's rendezvous: \"auto\" takes TensorFlow's collectives "
+             f"(env {env_vars.HOROVOD}=0)")
     parser.add_argument(
         "--verbose", action="store_true",
         default=env_vars.VERBOSE.flag(),
@@ -191,6 +198,16 @@ def validate_elastic(args, parser):
                      "--host-discovery-script): a lost worker there restarts the job smaller")
 
 
+def horovod_wanted(args):
+    """True: `--horovod` (fail without Horovod); False: `--no-horovod`; None (the default):
+    a Horovod job when Horovod is installed, else not."""
+    if args.horovod is not None:
+        return args.horovod
+    if (env_vars.HOROVOD.get() or "").strip():
+        return env_vars.HOROVOD.flag()
+    return None if gloo_rendezvous_server.installed() else False
+
+
 def job_environments(num_proc, num_servers, timeout, port_list, base_env):
     """The environment of every process: [(label, env)], workers first."""
     workers = [f"{HOST}:{p}" for p in port_list[:num_proc]]
@@ -275,12 +292,15 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
         if args.profile:
             env[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
             env[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps
-    if args.horovod:
+    horovod = horovod_wanted(args)
+    if horovod is not False:
         try:
             _, horovod_envs = gloo_rendezvous_server.start(num_proc, HOST)
         except RuntimeError as e:
-            print(f"tfdist-run: {e}", file=sys.stderr)
-            return 1, None
+            if horovod:  # asked for; by default, a job without Horovod
+                print(f"tfdist-run: {e}", file=sys.stderr)
+                return 1, None
+            horovod_envs = [{} for _ in envs]
         for (_, env), extra in zip(envs, horovod_envs):
             env.update(extra)
     try:

@@ -1,4 +1,4 @@
-"""Horovod's Gloo rendezvous server, run by `tfdist-run --horovod`.
+"""Horovod's Gloo rendezvous server, run by `tfdist-run` when Horovod is installed.
 
 Horovod processes find each other through a small HTTP key-value server that
 `horovodrun --gloo` runs (address in HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT).
@@ -8,7 +8,14 @@ works under tfdist-run with its labelled output, timeouts and clean shutdown.
 The ranks' side of the store is `tfdist.comm.gloo_rendezvous`.
 """
 
+import importlib.util
+
 LOOPBACK_INTERFACE = "lo"
+
+
+def installed():
+    """True when Horovod can be imported here (found, not imported: no TensorFlow)."""
+    return importlib.util.find_spec("horovod") is not None
 
 
 def start(num_proc, host):

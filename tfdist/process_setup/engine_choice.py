@@ -6,7 +6,8 @@ Engines, and what a job needs to run each (`available_engines`):
                   (`horovodrun --mpi` runs mpirun): Open MPI's shared memory
                   between the processes of a host;
 * "horovod-gloo"  Horovod, the process started by horovodrun (Gloo) or
-                  `tfdist-run --horovod` (which starts Gloo's rendezvous);
+                  tfdist-run (which starts Gloo's rendezvous when Horovod is
+                  installed);
 * "collective"    TensorFlow's collectives over its gRPC runtime: every job.
 
 Among those available, `choose` takes the one with the least measured time
@@ -44,7 +45,7 @@ MEASURED_OVER_TF_RING: Dict[str, Dict[int, float]] = {
 # What each engine needs, for the start-up line when a faster one is not available.
 NEEDS = {
     HOROVOD_MPI: "Horovod built with MPI and a start by mpirun or horovodrun --mpi",
-    HOROVOD_GLOO: "Horovod and a start by horovodrun or tfdist-run --horovod",
+    HOROVOD_GLOO: "Horovod and a start by horovodrun or tfdist-run",
 }
 
 

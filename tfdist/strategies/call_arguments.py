@@ -16,11 +16,16 @@ Cost: a hash per argument, once per call.
 
 import hashlib
 
+# With a sharded optimizer state, the callbacks that save it (`state_savers`): every rank's
+# slices go into the file, so every rank must have them (Horovod's scripts give them to rank 0).
+STATE_SAVERS = "checkpoint callbacks of a sharded optimizer state"
+
 # The call each epoch iterator belongs to, and the arguments compared (the order is fixed).
 CALLS = ("fit", "evaluate", "predict")
 ARGUMENTS = ("batch_size", "steps", "shuffle", "class_weight", "sample_weight",
              "steps_per_execution", "epochs", "initial_epoch", "validation_split",
-             "validation_freq", "validation_batch_size", "validation_steps")
+             "validation_freq", "validation_batch_size", "validation_steps",
+             STATE_SAVERS)
 
 
 def _as_integer(value):
@@ -48,6 +53,18 @@ def call_signature(call, arguments):
         arguments["steps"] = arguments.pop("steps_per_epoch")
     arguments["sample_weight"] = arguments.get("sample_weight") is not None
     return [CALLS.index(call)] + [_as_integer(arguments.get(name)) for name in ARGUMENTS]
+
+
+def state_savers(callbacks, sharded):
+    """How many of `callbacks` save the model's optimizer state (ModelCheckpoint,
+    BackupAndRestore), when `sharded` (the state is sharded across the ranks); else None."""
+    if not sharded:
+        return None
+    import keras  # pylint: disable=import-outside-toplevel
+
+    flat = keras.tree.flatten(callbacks) if callbacks else []
+    return sum(isinstance(c, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore))
+               for c in flat)
 
 
 def describe(value):

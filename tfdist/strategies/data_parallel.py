@@ -338,6 +338,15 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             difference = call_arguments.first_difference(signatures)
             if difference is not None:
                 name, values = difference
+                if name == call_arguments.STATE_SAVERS:
+                    raise ValueError(
+                        f"tfdist rank {rank}: the optimizer state is sharded across the ranks "
+                        "(shard_optimizer_state=True) and the ranks have different "
+                        "ModelCheckpoint / BackupAndRestore callbacks (how many, by rank: "
+                        f"{values}): a save of the whole state needs every rank's slices. Give "
+                        "every rank the same checkpoint callbacks (the chief writes the file; "
+                        "the others hand over their slices), or shard_optimizer_state=False "
+                        "for Horovod's save-on-rank-0 convention.")
                 if name == "call":
                     raise ValueError(
                         f"tfdist rank {rank}: the ranks are in different calls (by rank: "

@@ -17,7 +17,7 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
 
     "auto" is the fastest engine the job can run at buckets of `bucket_bytes`
     (`tfdist.process_setup.engine_choice`): Horovod on MPI or Gloo when its launcher gave
-    Horovod the peers (mpirun, horovodrun, `tfdist-run --horovod`) and it is
+    Horovod the peers (mpirun, horovodrun, tfdist-run with Horovod installed) and it is
     importable, otherwise TensorFlow's collectives.
     """
     if backend not in BACKENDS:
@@ -45,7 +45,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
             and tf.distribute's word; tfdist calls it the engine throughout):
             "collective" (TensorFlow's collective ops over gRPC),
             "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun,
-            mpirun or `tfdist-run --horovod`), or "auto": the fastest engine
+            mpirun or tfdist-run with Horovod installed), or "auto": the fastest engine
             the job can run by measured curves (`tfdist.process_setup.engine_choice`:
             Horovod on MPI or Gloo when the launcher set it up, else
             "collective"), said in one start-up line.

@@ -261,6 +261,9 @@ def _install_call_recording():
             bound.apply_defaults()
             arguments = dict(bound.arguments, steps_per_execution=self.steps_per_execution)
             arguments.pop("kwargs", None)
+            arguments[call_arguments.STATE_SAVERS] = call_arguments.state_savers(
+                arguments.get("callbacks"),
+                getattr(self._distribute_strategy.extended, "shard_optimizer_state", False))
             try:
                 with fit_session.running(self, _name,
                                          call_arguments.call_signature(_name, arguments)):
