@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from helpers import (assert_ranks_match_reference, assert_same_keras_file_arrays, horovodrun,
-                     load_ranks, onednn, run_case_script, script)
+                     load_ranks, onednn, run_case_script, script, tfdist_run)
 
 # make test: a LossScaleOptimizer with EMA and accumulation (the norms' all-reduce in a
 # cond), the custom loop and the saves - the rest of the cases run in-process.
@@ -81,6 +81,20 @@ def test_three_processes_on_tensorflows_collectives_equal_the_plain_script(plain
     assert_like_plain(reference, ranks)
     for file in ("best.keras", "model.keras", "model.weights.h5"):
         assert_same_keras_file_arrays(plain_directory / file, tmp_path / "work" / file)
+
+
+def test_a_save_on_rank_zero_alone_fails_at_once_naming_the_convention(tmp_path):
+    """Horovod's convention (`if rank == 0: model.save(...)`) cannot save a sharded state:
+    the chief fails as soon as the others are gone, saying what to do, instead of waiting
+    out the job timeout (under plain tfdist-run: Horovod's engine where installed)."""
+    done = tfdist_run(2, [script("sharded_optimizer.py"), str(tmp_path / "out"),
+                          "--workdir", str(tmp_path), "--save-on-rank-zero-only"],
+                      timeout=240, run_timeout=200)
+    assert done.returncode != 0
+    assert "this save needs every rank's slices of the optimizer state" in done.stdout, \
+        done.stdout[-3000:]
+    assert "Every rank must call the save" in done.stdout
+    assert not (tmp_path / "rank_zero.keras").exists()
 
 
 @pytest.mark.slow

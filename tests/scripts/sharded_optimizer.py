@@ -2,6 +2,7 @@
 
 Usage: python sharded_optimizer.py OUT [--cases a,b,...] [--strategy plain|sharded|ring]
                                        [--backend auto|collective|horovod] [--workdir DIR]
+                                       [--bucket-bytes N] [--save-on-rank-zero-only]
 
 `plain` is the script without tfdist (the reference), `sharded` is
 `RingAllReduceStrategy(shard_optimizer_state=True)`, `ring` the same strategy
@@ -185,6 +186,16 @@ def make_strategy(kind, backend="auto", bucket_bytes=None):
         backend=backend, shard_optimizer_state=(kind == "sharded"), **buckets)
 
 
+def save_on_rank_zero_only(strategy, workdir):
+    """Horovod's convention, which a sharded state cannot serve: train, then rank 0 alone
+    saves while the others finish (the chief must fail naming it, not wait)."""
+    model = build(strategy, lambda: keras.optimizers.Adam(0.01))
+    x, y = data()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    if strategy.rank == 0:
+        model.save(os.path.join(workdir, "rank_zero.keras"))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -195,9 +206,14 @@ def main():
     parser.add_argument("--bucket-bytes", type=int, default=None,
                         help="the ring's largest gradient bucket, the first's too (default the "
                              "strategy's)")
+    parser.add_argument("--save-on-rank-zero-only", action="store_true",
+                        help="train, then save on rank 0 alone (no cases)")
     args = parser.parse_args()
     WORKDIR[0] = args.workdir
     strategy = make_strategy(args.strategy, args.backend, args.bucket_bytes)
+    if args.save_on_rank_zero_only:
+        save_on_rank_zero_only(strategy, args.workdir)
+        return
     run_cases(CASES, args.cases.split(","), strategy, args.out)
 
 

@@ -180,7 +180,8 @@ class HorovodCommunicator(Communicator):
         connection broke (HOROVOD_GLOO_TIMEOUT_SECONDS) or when a rank raised; its log
         above names the missing ranks.
         """
-        if "Horovod has been shut down" not in str(error):
+        if not (isinstance(error, tf.errors.OpError)
+                and "Horovod has been shut down" in str(error)):
             return None
         return (f"tfdist rank {self.rank}: Horovod stopped the job: a peer waited more than the "
                 f"{self.timeout:g} s timeout for its peers (ranks alive but out of step: see "

@@ -283,12 +283,23 @@ def consolidated(model):
     if not sharded:
         yield
         return
+    communicator = sharded[0].communicator
     with contextlib.ExitStack() as stack:
-        with sharded[0].communicator.expect_progress(
+        with communicator.expect_progress(
                 "gathering the sharded optimizer state for a save (shard_optimizer_state=True: "
                 "every rank must save)"):
-            for shards in sharded:
-                stack.enter_context(shards.consolidated())
+            try:
+                for shards in sharded:
+                    stack.enter_context(shards.consolidated())
+            except tf.errors.OpError as error:
+                raise RuntimeError(
+                    f"tfdist rank {communicator.rank}: this save needs every rank's slices of "
+                    "the optimizer state (shard_optimizer_state=True), and gathering them "
+                    f"failed: {error.message.splitlines()[0][:300]}. Every rank must call "
+                    "the save (model.save, save_weights, ModelCheckpoint, BackupAndRestore: "
+                    "the chief writes the file, the others hand over their slices); a save "
+                    "on rank 0 alone (Horovod's convention) needs shard_optimizer_state="
+                    "False.") from error
         yield
 
 
