@@ -17,6 +17,7 @@ from tensorflow.python.framework import op_callbacks
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import control_flow_v2_func_graphs
+from tensorflow.python.training.saving import saveable_object
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
@@ -236,3 +237,10 @@ def in_cond_branch():
             return True
         graph = getattr(graph, "outer_graph", None)
     return False
+
+
+def lazy_save_spec(produce, dtype, device):
+    """A checkpoint entry whose tensor `produce()` makes only when the checkpoint is written
+    (a restore, which asks for the entries too, never calls it)."""
+    return saveable_object.SaveSpec(tensor=produce, slice_spec="", name="VARIABLE_VALUE",
+                                    dtype=dtype, device=device)

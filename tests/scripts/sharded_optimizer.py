@@ -153,6 +153,57 @@ def case_custom_loop_adam(strategy):
                                    for v in optimizer.variables)}
 
 
+def case_custom_loop_checkpoint(strategy):
+    """The TF guide's custom loop with `tf.train.Checkpoint(optimizer=..., model=...)`:
+    an epoch, a save on every rank (the multi-worker guide's way: the chief to the
+    directory, the others to their own), a new model and optimizer restored from the
+    chief's checkpoint before their first step, another epoch."""
+    x, y = data()
+    rank = getattr(strategy, "rank", 0)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+
+    def make():
+        with strategy.scope():
+            keras.utils.set_random_seed(7)
+            model = keras.Sequential([keras.Input((FEATURES,)),
+                                      keras.layers.Dense(13, "relu"),
+                                      keras.layers.Dense(CLASSES)])
+            optimizer = keras.optimizers.Adam(0.01, clipnorm=1.0)
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction="none")
+
+        def step(inputs):
+            features, labels = inputs
+            with tf.GradientTape() as tape:
+                per_example = loss_object(labels, model(features, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def train_step(inputs):
+            losses = strategy.run(step, args=(inputs,))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+        return model, optimizer, train_step
+
+    model, optimizer, train_step = make()
+    losses = [float(train_step(batch)) for batch in dataset]
+    checkpoint = tf.train.Checkpoint(optimizer=optimizer, model=model)
+    directory = os.path.join(WORKDIR[0], "checkpoint" if rank == 0 else f"checkpoint_{rank}")
+    path = checkpoint.save(os.path.join(directory, "ckpt"))
+    chief_path = path.replace(directory, os.path.join(WORKDIR[0], "checkpoint"))
+    model, optimizer, train_step = make()
+    tf.train.Checkpoint(optimizer=optimizer, model=model).restore(chief_path)
+    losses += [float(train_step(batch)) for batch in dataset]
+    return {**{f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())},
+            "losses": np.asarray(losses),
+            "optimizer_bytes": sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+                                   for v in optimizer.variables)}
+
+
 def case_save_and_load(strategy):
     """ModelCheckpoint(save_best_only=True) in fit, model.save and save_weights on every rank
     after it (keras.io's way), read back: the files hold the whole optimizer state;

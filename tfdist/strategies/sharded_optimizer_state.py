@@ -45,6 +45,7 @@ update compute / P; communication: the gradient all-reduce of
 """
 
 import contextlib
+import threading
 import weakref
 from typing import Dict, List, Optional, Sequence
 
@@ -112,6 +113,48 @@ class OptimizerShards:
 
     def remember_slot(self, slot, reference) -> None:
         self.slots[id(slot)] = (slot, self.index_of(reference))
+        _slot_owners[id(slot)] = weakref.ref(self)
+
+    @contextlib.contextmanager
+    def creating_slot(self, reference):
+        """Inside: the variable Keras creates is the slot of `reference` (a checkpoint
+        restores it as the optimizer tracks it, before `remember_slot` can run)."""
+        previous = getattr(_creating, "slot", None)
+        _creating.slot = (self, self.index_of(reference))
+        try:
+            yield
+        finally:
+            _creating.slot = previous
+
+    def checkpoint_value(self, slot, index: int) -> tf.Tensor:
+        """The whole value of `slot` (of model variable `index`) when a `tf.train.Checkpoint`
+        writes it: the consolidated one (inside `consolidated`), else gathered from every
+        rank now (every rank saves, as the multi-worker guide's loops do; a save on one
+        rank alone fails once the others are gone, or at the job timeout)."""
+        shape = self.variables[index].shape
+        whole = self.whole_value(slot)
+        if whole is not None:
+            return tf.constant(np.reshape(whole, shape))
+        with self.communicator.expect_progress(
+                "gathering a sharded optimizer slot for tf.train.Checkpoint.save "
+                "(shard_optimizer_state=True: every rank must save)"):
+            gathered = self.communicator.all_gather(tf.convert_to_tensor(slot))
+        return tf.reshape(gathered, shape)
+
+    def restore_checkpoint_value(self, slot, index: int, value) -> None:
+        """Restore `slot` (of model variable `index`) from a checkpoint's whole `value`."""
+        variable = self.variables[index]
+        if int(np.prod(value.shape)) != _elements(variable):
+            raise ValueError(
+                f"tfdist rank {self.rank}: the checkpoint holds {list(value.shape)} for the "
+                f"optimizer slot {getattr(slot, 'path', slot.name)}, not the whole "
+                f"{list(variable.shape)} of {_path(variable)}: it was written with the state "
+                "sharded by a version of tfdist that saved slices. Save it again from the "
+                "job that wrote it, or train from its weights alone.")
+        self.slots.setdefault(id(slot), (slot, index))
+        _slot_owners[id(slot)] = weakref.ref(self)
+        with tf.init_scope():  # a slot created in a step's first trace: restored eagerly
+            self.load_whole(slot, value.numpy() if hasattr(value, "numpy") else value)
 
     def is_slot(self, variable) -> bool:
         return id(variable) in self.slots
@@ -245,6 +288,24 @@ class OptimizerShards:
 
 # ------------------------------------------------------------------ the registry
 _SHARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> its shards
+
+
+# id(slot variable) -> the OptimizerShards it belongs to (weak); and the slot being created.
+_slot_owners: Dict[int, "weakref.ref"] = {}
+_creating = threading.local()
+
+
+def slot_owner(variable):
+    """(OptimizerShards, index of its model variable) if `variable` is a sharded slot - also
+    while Keras creates it (`OptimizerShards.creating_slot`) - else None."""
+    reference = _slot_owners.get(id(variable))
+    shards = reference() if reference is not None else None
+    if shards is not None and id(variable) in shards.slots:
+        return shards, shards.slots[id(variable)][1]
+    creating = getattr(_creating, "slot", None)
+    if creating is not None and list(variable.shape) == [creating[0].local_size(creating[1])]:
+        return creating
+    return None
 
 
 def register(optimizer, shards: OptimizerShards) -> None:

@@ -23,7 +23,7 @@ from tfdist.strategies.keras_patches import keras_internals, patch_points
 from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, BaseOptimizer,
                                                               GeneratorDataAdapter,
                                                               LossScaleOptimizer, TFEpochIterator,
-                                                              TFOptimizer)
+                                                              TFOptimizer, TFVariable)
 
 SUPPORTED_KERAS = versions.SUPPORTED["keras"]  # [lowest, highest) major.minor
 
@@ -91,6 +91,10 @@ def _keras_changes():
             <= _names_used(BaseOptimizer.__init__) | _names_used(BaseOptimizer.build)),
         "TFOptimizer._all_reduce_sum_gradients(grads_and_vars)": lambda: (
             _parameters(TFOptimizer._all_reduce_sum_gradients) == ["self", "grads_and_vars"]),
+        "keras.src.backend.tensorflow.core.Variable._serialize_to_tensors() / "
+        "_restore_from_tensors(restored_tensors)": lambda: (
+            _parameters(TFVariable._serialize_to_tensors) == ["self"]
+            and _parameters(TFVariable._restore_from_tensors) == ["self", "restored_tensors"]),
         "Layer.__call__(*args, **kwargs); keras.src.backend.common.masking.get_keras_mask / "
         "set_keras_mask": lambda: (
             _parameters(keras.layers.Layer.__call__) == ["self", "args", "kwargs"]

@@ -126,6 +126,13 @@ POINTS = (
                "which has no hook for a slot's shape or a variable's part; a subclass would "
                "change the optimizer's class and saved form, attributes of the one object do "
                "not", per_instance=True),
+    PatchPoint("TFVariable", ("_serialize_to_tensors", "_restore_from_tensors"),
+               "optimizer_sharding",
+               "tf.train.Checkpoint (a custom loop's checkpoint) saves and restores each "
+               "variable through these two methods, and restores a slot the moment the "
+               "optimizer tracks it, inside Keras' add_variable, before any per-object "
+               "attribute could be set: a sharded slot must save its whole value and restore "
+               "its slice of one"),
     PatchPoint("TFOptimizer", ("_all_reduce_sum_gradients",), "optimizer_sharding",
                "the last point before Keras' update steps: each pair's variable becomes the "
                "rank's shard variable, after weight decay", per_instance=True),
@@ -214,6 +221,7 @@ def _owners() -> Dict[str, Any]:
         "BaseOptimizer": keras_internals.BaseOptimizer,
         "LossScaleOptimizer": keras_internals.LossScaleOptimizer,
         "TFOptimizer": keras_internals.TFOptimizer,
+        "TFVariable": keras_internals.TFVariable,
         "Trainer": keras_internals.Trainer,
         "BaseTrainer": keras_internals.BaseTrainer,
         "keras.Model": keras.Model,
