@@ -10,10 +10,11 @@ per process, one intra-op thread per process):
   TensorFlow's own ~0.8 GB) and training memory (resident memory after 2 epochs
   less before the model was built: parameters, gradients, optimizer state and
   the step's buffers);
-* step time at P = 2: the unsharded ring, the sharded ring and the
-  no-communication floor (2 plain Keras processes), in interleaved rounds
-  (the order alternates); ratios per round to the same round's unsharded ring
-  and floor, medians over rounds.
+* step time at P = 2: unsharded and sharded on each engine - TensorFlow's
+  collectives ("ring") and Horovod's on Gloo ("horovod", when installed) - and
+  the no-communication floor (2 plain Keras processes), in interleaved rounds
+  (the order alternates); ratios per round to the same round's unsharded step
+  on that engine and to the floor, medians over rounds.
 
 Result: benchmarks/results/optimizer_sharding.json and optimizer_sharding.png.
 
@@ -21,6 +22,7 @@ Result: benchmarks/results/optimizer_sharding.json and optimizer_sharding.png.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -39,6 +41,9 @@ TIME_PROCESSES = 2
 TIME_EPOCHS = 4  # the first untimed: 30 timed steps
 MEMORY_EPOCHS = 2
 GOAL = 1.1  # the sharded step at most 1.1x the unsharded ring's at 2 processes, here
+# The step's engines: "ring" = TensorFlow's collectives, "horovod" = Horovod's (Gloo) when
+# installed (tfdist-run makes every job a Horovod job then).
+ENGINES = ("ring", "horovod")
 
 
 def _worker(out, strategy, epochs, sharded):
@@ -47,11 +52,12 @@ def _worker(out, strategy, epochs, sharded):
             + (["--shard-optimizer-state"] if sharded else []))
 
 
-def _launch(tmp, tag, processes, epochs, sharded):
-    """Every rank's `peer_worker` result of one tfdist-run job."""
+def _launch(tmp, tag, processes, epochs, sharded, strategy="ring"):
+    """Every rank's `peer_worker` result of one tfdist-run job (`strategy`: "ring", the
+    collectives, or "horovod", Horovod's engine on Gloo)."""
     out = os.path.join(tmp, f"{tag}.json")
     command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), "--timeout", "120",
-               *_worker(out, "ring", epochs, sharded)]
+               *_worker(out, strategy, epochs, sharded)]
     print("$", " ".join(command), flush=True)
     peer_report._run(command, env=peer_report._worker_env())  # pylint: disable=protected-access
     ranks = []
@@ -93,8 +99,9 @@ def measure_memory(tmp, processes):
     return rows
 
 
-def measure_steps(tmp, rounds):
-    configs = ("floor", "ring", "ring_sharded")
+def measure_steps(tmp, rounds, engines=ENGINES):
+    configs = ("floor",) + tuple(f"{engine}{suffix}" for engine in engines
+                                 for suffix in ("", "_sharded"))
     runs = {c: [] for c in configs}
     for round_ in range(rounds):
         for config in (configs if round_ % 2 == 0 else tuple(reversed(configs))):
@@ -102,20 +109,24 @@ def measure_steps(tmp, rounds):
             if config == "floor":
                 runs[config].append(_floor(tmp, tag, TIME_PROCESSES))
             else:
-                ranks = _launch(tmp, tag, TIME_PROCESSES, TIME_EPOCHS, config == "ring_sharded")
+                ranks = _launch(tmp, tag, TIME_PROCESSES, TIME_EPOCHS,
+                                config.endswith("_sharded"), config.split("_")[0])
                 runs[config].append(ranks[0]["median_step_ms"])
-    ratios = {
-        "sharded_over_ring": [s / r for s, r in zip(runs["ring_sharded"], runs["ring"])],
-        "ring_over_floor": [r / f for r, f in zip(runs["ring"], runs["floor"])],
-        "sharded_over_floor": [s / f for s, f in zip(runs["ring_sharded"], runs["floor"])],
-    }
+    ratios = {}
+    for engine in engines:
+        prefix = "" if engine == "ring" else f"{engine}_"  # the ring's keys as before
+        sharded, plain = runs[f"{engine}_sharded"], runs[engine]
+        ratios[f"{prefix}sharded_over_{engine}"] = [s / r for s, r in zip(sharded, plain)]
+        ratios[f"{engine}_over_floor"] = [r / f for r, f in zip(plain, runs["floor"])]
+        ratios[f"{prefix}sharded_over_floor"] = [s / f for s, f in zip(sharded, runs["floor"])]
     return runs, ratios
 
 
 def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_sharding"):
     start = time.perf_counter()
     memory = measure_memory(tmp, memory_processes)
-    runs, ratios = measure_steps(tmp, rounds)
+    engines = ENGINES if importlib.util.find_spec("horovod") is not None else ("ring",)
+    runs, ratios = measure_steps(tmp, rounds, engines)
     summary = {f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
                f"_optimizer_mb_max_rank": round(max(row["optimizer_mb_per_rank"]), 2)
                for row in memory}
@@ -139,7 +150,8 @@ def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_s
             "epochs less RSS before the model was built) under "
             "tfdist-run, RingAllReduceStrategy(backend='collective') with and without "
             f"shard_optimizer_state=True. steps: median Keras step (epochs 2-{TIME_EPOCHS}) at "
-            f"{TIME_PROCESSES} processes; floor = {TIME_PROCESSES} plain Keras processes at "
+            f"{TIME_PROCESSES} processes on each engine (ring = backend='collective', horovod "
+            "= backend='horovod' on Gloo, each unsharded and _sharded); floor = {TIME_PROCESSES} plain Keras processes at "
             "once (no communication); ratios per round, medians over rounds, order "
             "alternating."),
     }

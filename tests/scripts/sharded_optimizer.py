@@ -14,7 +14,8 @@ the work directory. Every rank writes OUT.rank<R>.npz ("<case>/<name>" keys) and
 the bytes of its optimizer's variables ("<case>/optimizer_bytes").
 
 Cases: SGD with Nesterov momentum and clipnorm and a max-norm constraint;
-Adam on a cosine-decay schedule with global_clipnorm; AdamW with weight decay
+Adam on a cosine-decay schedule with global_clipnorm; an Embedding (sparse
+gradients) with Adam and clipnorm; AdamW with weight decay
 excluding the biases by name; a LossScaleOptimizer around Adam with EMA
 (overwritten every 3 steps) and gradient accumulation; RMSprop with clipvalue
 in a custom `train_step`; a custom loop over `strategy.run` with Adam; and
@@ -110,6 +111,30 @@ class CustomStep(keras.Sequential):
     """keras.io's "Customizing what happens in fit()": its own tape and apply (keras_patterns')."""
 
     train_step = ComputeLossModel.train_step
+
+
+def case_embedding_adam_clipnorm(strategy):
+    """keras.io's text models' shape: an Embedding (sparse gradients, tokens repeated within
+    a batch) with Adam and clipnorm - Keras squares each occurrence of a repeated row,
+    so the rank's part of a sparse gradient must stay sparse (densified, it drifted)."""
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(1, 40, (ROWS, 10)).astype("int32")
+    labels = (tokens[:, 0] % CLASSES).astype("int32")
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((10,), dtype="int32")
+        hidden = keras.layers.Embedding(40, 8)(inputs)
+        hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+        model = keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
+        model.compile(optimizer=keras.optimizers.Adam(0.02, clipnorm=0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(tokens, labels, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                        verbose=0)
+    evaluation = model.evaluate(tokens, labels, batch_size=BATCH, return_dict=True, verbose=0)
+    predictions = model.predict(tokens[:37], batch_size=16, verbose=0)
+    return results(model, history, evaluation, predictions,
+                   optimizer_bytes=optimizer_bytes(model))
 
 
 def case_custom_train_step_rmsprop(strategy):

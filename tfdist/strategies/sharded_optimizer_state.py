@@ -60,6 +60,19 @@ def _elements(variable) -> int:
     return int(np.prod(variable.shape))
 
 
+def _sparse_range(gradient: tf.IndexedSlices, shape, start: int, stop: int) -> tf.IndexedSlices:
+    """The elements of sparse `gradient` (of a variable of `shape`) whose flat positions are
+    in [start, stop), as a 1-D IndexedSlices over that range (repeated rows stay repeated)."""
+    row = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    indices = tf.cast(gradient.indices, tf.int64)
+    positions = tf.reshape(indices[:, None] * row + tf.range(row, dtype=tf.int64)[None, :], [-1])
+    values = tf.reshape(gradient.values, [-1])
+    inside = tf.logical_and(positions >= start, positions < stop)
+    return tf.IndexedSlices(tf.boolean_mask(values, inside),
+                            tf.boolean_mask(positions, inside) - start,
+                            tf.constant([stop - start], tf.int64))
+
+
 class OptimizerShards:
     """One optimizer's sharded state over `variables`; see the module docstring.
 
@@ -160,8 +173,18 @@ class OptimizerShards:
         return id(variable) in self.slots
 
     def local_part(self, tensor, index: int):
-        """This rank's slice of a whole-variable tensor (a gradient: IndexedSlices densified)."""
+        """This rank's slice of a whole-variable tensor.
+
+        A sparse gradient (`tf.IndexedSlices`, an embedding's) stays sparse: its elements
+        in the rank's range, indexed within the range, one entry per row occurrence.
+        Densifying would sum a row's repeated occurrences before the update rule sees
+        them, and Keras' rules do not treat the two alike (Adam squares each occurrence's
+        gradient, `ops.square` of the IndexedSlices, then sums them: not the square of
+        the sum), so the sharded update would drift from the plain script's.
+        """
         start, stop = self.ranges[index]
+        if isinstance(tensor, tf.IndexedSlices):
+            return _sparse_range(tensor, self.variables[index].shape, start, stop)
         flat = tf.reshape(tf.convert_to_tensor(tensor), [_elements(self.variables[index])])
         return flat[start:stop]
 
@@ -176,7 +199,8 @@ class OptimizerShards:
         """The squared L2 norm of each whole gradient of which `gradients` are this rank's
         slices (None: 0), summed over the ranks in one all-reduce."""
         squares = [tf.zeros([]) if g is None else
-                   tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in gradients]
+                   tf.reduce_sum(tf.square(tf.cast(getattr(g, "values", g), tf.float32)))
+                   for g in gradients]  # a sparse gradient: its occurrences, as Keras' norms
         with tf.name_scope(communication_scope("sharded", "gradient_norms")):
             return self.communicator.all_reduce(tf.stack(squares))
 

@@ -245,12 +245,16 @@ def install():
 
 
 def _clip_by_norm(values, l2sum, clipnorm):
-    """Keras' `_clip_by_norm` with the whole gradient's squared norm `l2sum`."""
+    """Keras' `_clip_by_norm` with the whole gradient's squared norm `l2sum` (a sparse
+    gradient stays sparse, as Keras' does: its occurrences scaled)."""
     l2sum = tf.cast(l2sum, values.dtype)
     pred = l2sum > 0
     l2sum_safe = tf.where(pred, l2sum, tf.ones_like(l2sum))
     l2norm = tf.where(pred, tf.sqrt(l2sum_safe), l2sum)
     clip = tf.cast(clipnorm, values.dtype)
+    if isinstance(values, tf.IndexedSlices):
+        return tf.IndexedSlices(values.values * clip / tf.maximum(l2norm, clip),
+                                values.indices, values.dense_shape)
     return values * clip / tf.maximum(l2norm, clip)
 
 
