@@ -162,7 +162,9 @@ def step_timer(keras, tfdist):
 
 def optimizer_bytes(optimizer):
     """Bytes of `optimizer`'s variables on this process (a sharded state: this rank's part)."""
-    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables)
+    return sum(int(np.prod(v.shape))  # tf-keras' variables have tf.DType dtypes
+               * np.dtype(getattr(v.dtype, "as_numpy_dtype", v.dtype)).itemsize
+               for v in optimizer.variables)
 
 
 def peak_rss_mb():
