@@ -91,7 +91,7 @@ def _keras_changes():
             <= _names_used(BaseOptimizer.__init__) | _names_used(BaseOptimizer.build)),
         "TFOptimizer._all_reduce_sum_gradients(grads_and_vars)": lambda: (
             _parameters(TFOptimizer._all_reduce_sum_gradients) == ["self", "grads_and_vars"]),
-        "keras.src.backend.tensorflow.core.Variable._serialize_to_tensors() / "
+        "keras.src.backend.Variable._serialize_to_tensors() / "
         "_restore_from_tensors(restored_tensors)": lambda: (
             _parameters(TFVariable._serialize_to_tensors) == ["self"]
             and _parameters(TFVariable._restore_from_tensors) == ["self", "restored_tensors"]),

@@ -46,7 +46,6 @@ masking = _module("keras.src.backend.common.masking")
 loss_module = _module("keras.src.losses.loss")
 _tf_trainer = _module("keras.src.backend.tensorflow.trainer")
 _tf_optimizer = _module("keras.src.backend.tensorflow.optimizer")
-_tf_core = _module("keras.src.backend.tensorflow.core")
 _base_optimizer = _module("keras.src.optimizers.base_optimizer")
 _loss_scale_optimizer = _module("keras.src.optimizers.loss_scale_optimizer")
 _array_adapter = _module("keras.src.trainers.data_adapters.array_data_adapter")
@@ -64,9 +63,10 @@ BaseTrainer = _attribute(_module("keras.src.trainers.trainer"), "keras.src.train
 TFEpochIterator = _attribute(_tf_trainer, "keras.src.backend.tensorflow.trainer",
                              "TFEpochIterator")
 TFOptimizer = _attribute(_tf_optimizer, "keras.src.backend.tensorflow.optimizer", "TFOptimizer")
-# The TensorFlow backend's variable: what tf.train.Checkpoint saves and restores a Keras
-# variable through (`_serialize_to_tensors` / `_restore_from_tensors`).
-TFVariable = _attribute(_tf_core, "keras.src.backend.tensorflow.core", "Variable")
+# The backend's variable class, every Keras variable's: on TensorFlow what tf.train.Checkpoint
+# saves and restores a variable through (`_serialize_to_tensors` / `_restore_from_tensors`,
+# from keras.src.backend.tensorflow.core.Variable; Keras 3.16 moved that to .ops.core).
+TFVariable = _attribute(backend, "keras.src.backend", "Variable")
 BaseOptimizer = _attribute(_base_optimizer, "keras.src.optimizers.base_optimizer",
                            "BaseOptimizer")
 LossScaleOptimizer = _attribute(_loss_scale_optimizer,
