@@ -143,10 +143,9 @@ def case_custom_train_step_rmsprop(strategy):
     return fit_and_report(model)
 
 
-def case_custom_loop_adam(strategy):
-    """The TF guide's custom loop: a global batch distributed, a loss scaled by the global
-    batch, `strategy.run`, the optimizer's slots created in the first step."""
-    x, y = data()
+def guide_loop(strategy):
+    """The TF guide's custom loop: (model, optimizer, compiled step over `strategy.run`), a
+    loss scaled by the global batch, the optimizer's slots created in the first step."""
     with strategy.scope():
         keras.utils.set_random_seed(7)
         model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(13, "relu"),
@@ -154,8 +153,6 @@ def case_custom_loop_adam(strategy):
         optimizer = keras.optimizers.Adam(0.01, clipnorm=1.0)
         loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                                  reduction="none")
-    dataset = strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
 
     def step(inputs):
         features, labels = inputs
@@ -171,11 +168,28 @@ def case_custom_loop_adam(strategy):
         losses = strategy.run(step, args=(inputs,))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
-    losses = [float(train_step(batch)) for _ in range(EPOCHS) for batch in dataset]
+    return model, optimizer, train_step
+
+
+def loop_results(model, optimizer, losses):
     return {**{f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())},
             "losses": np.asarray(losses),
             "optimizer_bytes": sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
                                    for v in optimizer.variables)}
+
+
+def distributed_data(strategy):
+    x, y = data()
+    return strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+
+
+def case_custom_loop_adam(strategy):
+    """The TF guide's custom loop (`guide_loop`) on a distributed global batch."""
+    dataset = distributed_data(strategy)
+    model, optimizer, train_step = guide_loop(strategy)
+    losses = [float(train_step(batch)) for _ in range(EPOCHS) for batch in dataset]
+    return loop_results(model, optimizer, losses)
 
 
 def case_custom_loop_checkpoint(strategy):
@@ -183,50 +197,18 @@ def case_custom_loop_checkpoint(strategy):
     an epoch, a save on every rank (the multi-worker guide's way: the chief to the
     directory, the others to their own), a new model and optimizer restored from the
     chief's checkpoint before their first step, another epoch."""
-    x, y = data()
     rank = getattr(strategy, "rank", 0)
-    dataset = strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
-
-    def make():
-        with strategy.scope():
-            keras.utils.set_random_seed(7)
-            model = keras.Sequential([keras.Input((FEATURES,)),
-                                      keras.layers.Dense(13, "relu"),
-                                      keras.layers.Dense(CLASSES)])
-            optimizer = keras.optimizers.Adam(0.01, clipnorm=1.0)
-        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                                 reduction="none")
-
-        def step(inputs):
-            features, labels = inputs
-            with tf.GradientTape() as tape:
-                per_example = loss_object(labels, model(features, training=True))
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
-
-        @tf.function
-        def train_step(inputs):
-            losses = strategy.run(step, args=(inputs,))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
-
-        return model, optimizer, train_step
-
-    model, optimizer, train_step = make()
+    dataset = distributed_data(strategy)
+    model, optimizer, train_step = guide_loop(strategy)
     losses = [float(train_step(batch)) for batch in dataset]
     checkpoint = tf.train.Checkpoint(optimizer=optimizer, model=model)
     directory = os.path.join(WORKDIR[0], "checkpoint" if rank == 0 else f"checkpoint_{rank}")
     path = checkpoint.save(os.path.join(directory, "ckpt"))
     chief_path = path.replace(directory, os.path.join(WORKDIR[0], "checkpoint"))
-    model, optimizer, train_step = make()
+    model, optimizer, train_step = guide_loop(strategy)
     tf.train.Checkpoint(optimizer=optimizer, model=model).restore(chief_path)
     losses += [float(train_step(batch)) for batch in dataset]
-    return {**{f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())},
-            "losses": np.asarray(losses),
-            "optimizer_bytes": sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
-                                   for v in optimizer.variables)}
+    return loop_results(model, optimizer, losses)
 
 
 def case_save_and_load(strategy):
