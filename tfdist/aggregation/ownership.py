@@ -22,8 +22,9 @@ built, from static shapes).
 """
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from tfdist.aggregation.fusion import reverse_order_buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,27 @@ def ceiling_ranges(total: int, world_size: int) -> List[int]:
         ranges.append(min(width, left))
         left -= ranges[-1]
     return ranges
+
+
+def bucket_groups(sizes: Sequence[int], dtype_names: Sequence[str], item_bytes: Sequence[int],
+                  bucket_bytes: int, first_bucket_bytes: Optional[int] = None) -> List[str]:
+    """Each variable's group when gradients are reduce-scattered bucket by bucket: the
+    gradient buckets of the ring (`fusion.reverse_order_buckets` over the variables' bytes,
+    last variable first) split by dtype, named "<dtype>/<bucket>".
+
+    A group is partitioned on its own (`FlatPartition`), so rank r's range of a group is
+    the r-th of P equal chunks of that bucket's flat buffer (padded to P x ceil(N / P)):
+    exactly what a reduce-scatter of the buffer delivers to rank r, and each bucket's
+    reduce-scatter can start as soon as its gradients exist. A variable still lies in one
+    group, so each rank's part of it stays one contiguous slice.
+    """
+    buckets = reverse_order_buckets([int(n) * int(b) for n, b in zip(sizes, item_bytes)],
+                                    bucket_bytes, first_bucket_bytes)
+    groups = [""] * len(sizes)
+    for number, positions in enumerate(buckets):
+        for position in positions:
+            groups[position] = f"{dtype_names[position]}/{number}"
+    return groups
 
 
 class FlatPartition:

@@ -40,6 +40,9 @@ class Communicator(abc.ABC):
             buffers itself (Horovod's tensor fusion); algorithms then hand the
             whole group to the engine instead of fusing it first.
         supports_point_to_point: True if `send` / `recv` are available.
+        reduces_scatter: True if `reduce_scatter` is available (Horovod's engine;
+            TensorFlow's `CollectiveReduceScatterV2` has no CPU implementation: on
+            CPU tensors it waits for ever, so the collective engine says False).
         timeout: seconds any wait on the peers may last (the job timeout).
     """
 
@@ -49,6 +52,7 @@ class Communicator(abc.ABC):
     engine: str = "abstract"
     fuses_tensors: bool = False
     supports_point_to_point: bool = False
+    reduces_scatter: bool = False
 
     # ---------------------------------------------------------- collectives
     @abc.abstractmethod
@@ -58,6 +62,15 @@ class Communicator(abc.ABC):
     def grouped_all_reduce(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """Element-wise sums of several tensors (one `all_reduce` each unless the engine groups)."""
         return [self.all_reduce(tensor) for tensor in tensors]
+
+    def reduce_scatter(self, tensor: tf.Tensor) -> tf.Tensor:
+        """Rank r's part of the element-wise sum over all ranks of 1-D `tensor` of P x c
+        elements (fully known static shape, the same on every rank): elements
+        [r c, (r + 1) c) of the sum - half the bytes of an all-reduce, which is this
+        followed by an all-gather."""
+        raise NotImplementedError(
+            f"the {self.engine} engine offers no reduce-scatter on this device; all-reduce "
+            "instead (`reduces_scatter` says which engines have it).")
 
     @abc.abstractmethod
     def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:

@@ -1,7 +1,7 @@
 """Cross-process collectives over Horovod (Gloo, or MPI when built with it).
 
 Horovod's TensorFlow ops (`HorovodAllreduce`, `HorovodGroupedAllreduce`,
-`HorovodAllgather`, `HorovodBroadcast`) run in eager mode and inside
+`HorovodReducescatter`, `HorovodAllgather`, `HorovodBroadcast`) run in eager mode and inside
 `tf.function`; a background thread per process negotiates which tensors all
 ranks have submitted (matched by op name, so ranks must issue the same
 collectives, as ranks running the same script do) and executes them on the
@@ -33,7 +33,7 @@ from absl import logging
 
 from tfdist.env_vars import Foreign
 from tfdist import _tf
-from tfdist.comm.base import Communicator
+from tfdist.comm.base import Communicator, checked_static_shape
 from tfdist.comm.liveness import PeerMonitor
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
@@ -99,6 +99,7 @@ class HorovodCommunicator(Communicator):
 
     engine = "horovod"
     fuses_tensors = True  # the engine packs a group of tensors itself
+    reduces_scatter = True
 
     def __init__(self, cluster, fusion_threshold_bytes=None):
         self._hvd = hvd = import_horovod()
@@ -250,6 +251,20 @@ class HorovodCommunicator(Communicator):
             for position, total in zip(positions, summed):
                 results[position] = total
         return results
+
+    def reduce_scatter(self, tensor):
+        """Rank r's c elements of the sum of 1-D `tensor` of P x c elements (Horovod splits
+        the first dimension evenly when P divides it)."""
+        tensor = checked_static_shape(tensor, "reduce_scatter")
+        width = tensor.shape[0] // self.world_size
+        if tensor.shape.rank != 1 or width * self.world_size != tensor.shape[0]:
+            raise ValueError(f"reduce_scatter takes a 1-D tensor of a multiple of "
+                             f"{self.world_size} elements. Got shape {tensor.shape}")
+        tensor = self._kept_in_step([tensor])[0]
+        name, ignore_scope = self._op_name("reducescatter")
+        part = self._mpi_ops._reducescatter(  # pylint: disable=protected-access
+            tensor, name=name, op=self._hvd.Sum, ignore_name_scope=ignore_scope)
+        return tf.ensure_shape(part, [width])
 
     def all_gather(self, tensor):
         """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ)."""

@@ -53,7 +53,7 @@ from typing import Any, Callable, List, Optional, Sequence, TypeVar
 import numpy as np
 import tensorflow as tf
 
-from tfdist.comm.base import Communicator
+from tfdist.comm.base import Communicator, checked_static_shape
 from tfdist.comm.trace_counter import TraceStableCounter
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -140,6 +140,7 @@ class SimulatedCommunicator(Communicator):
 
     engine = "simulated"
     supports_point_to_point = True
+    reduces_scatter = True  # as Horovod's engine: sharded optimizer tests take that path
 
     def __init__(self, rank: int, meeting: _Meeting) -> None:
         self.rank = rank
@@ -172,6 +173,15 @@ class SimulatedCommunicator(Communicator):
 
     def all_reduce(self, tensor: tf.Tensor) -> tf.Tensor:
         return self._collective("all_reduce", tensor, _sum_in_rank_order)
+
+    def reduce_scatter(self, tensor: tf.Tensor) -> tf.Tensor:
+        tensor = checked_static_shape(tensor, "reduce_scatter")
+        width = tensor.shape[0] // self.world_size
+        if tensor.shape.rank != 1 or width * self.world_size != tensor.shape[0]:
+            raise ValueError(f"reduce_scatter takes a 1-D tensor of a multiple of "
+                             f"{self.world_size} elements. Got shape {tensor.shape}")
+        total = self._collective("reduce_scatter", tensor, _sum_in_rank_order)
+        return total[self.rank * width:(self.rank + 1) * width]
 
     def all_gather(self, tensor: tf.Tensor) -> tf.Tensor:
         tensor = tf.convert_to_tensor(tensor)

@@ -275,9 +275,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             f"{type(self).__name__} sums gradients in its step; only the asynchronous parameter "
             "server pushes them to servers")
 
-    def aggregate_gradients(self, gradients, variables=None, weighted_in_loss=False):
+    def aggregate_gradients(self, gradients, variables=None, weighted_in_loss=False,
+                            scatter_to=None):
         """The global batch's gradients from this rank's, now (`global_gradients`)."""
-        return self._gradients.aggregate(gradients, variables, weighted_in_loss)
+        return self._gradients.aggregate(gradients, variables, weighted_in_loss, scatter_to)
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
@@ -528,7 +529,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         total = self._gradients.step_sum(step)
         updates = step.take_deferred_updates()
         finish_gradients = [self._gradients.add_to(total, u.gradients, u.variables,
-                                                   u.weighted_in_loss) for u in updates]
+                                                   u.weighted_in_loss, u.scatter_to)
+                            for u in updates]
         state_slots = self._local_state.contribute(assigned, step, total)
         raw_keys = (keras_steps.raw_log_keys(model, outputs)
                     if model is not None and isinstance(outputs, dict) else [])

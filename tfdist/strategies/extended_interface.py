@@ -66,8 +66,10 @@ class StrategyExtended(Protocol):
 
     # -------------------------------------------------------------- gradients
     def aggregate_gradients(self, gradients: Sequence[Any], variables: Optional[Sequence[Any]] = None,
-                            weighted_in_loss: bool = False) -> list:
-        """The global batch's gradients from this rank's, now."""
+                            weighted_in_loss: bool = False, scatter_to: Optional[Any] = None) -> list:
+        """The global batch's gradients from this rank's, now (`scatter_to`: a sharded
+        optimizer's `OptimizerShards` that reduce-scatters: its variables' dense gradients
+        come back as this rank's slices)."""
 
     def push_gradients(self, optimizer: Any, gradients: Sequence[Any], variables: Sequence[Any],
                        weighted_in_loss: bool) -> Any:

@@ -16,6 +16,10 @@ step:
   global batch - every rank's weighted (index, value) pairs in rank order
   when the indices come from the batch, or the shared indices once with the
   values summed over ranks when they do not (`batch_dependence`);
+* dense, of an optimizer whose state is sharded on an engine that
+  reduce-scatters (`scatter_to`: its `OptimizerShards`): contributed to
+  the `StepSum` to be reduce-scattered; the result is this rank's slice of
+  the global gradient, all its sharded update reads;
 * a gradient whose loss already carried the share (float16 loss scaling,
   `ReplicaStep.weight_loss`), or a user's loop that scales its loss itself
   (`ReplicaStep.scaled_by_user`), is summed with the weight
@@ -57,25 +61,28 @@ class GlobalGradients:
         """A `StepSum` of `step` for this aggregator (gradients weighted as it needs them)."""
         return StepSum(step, self._aggregator.weights_gradients_first)
 
-    def aggregate(self, gradients, variables=None, weighted_in_loss=False):
+    def aggregate(self, gradients, variables=None, weighted_in_loss=False, scatter_to=None):
         """The global gradients now (a custom step's `apply`); unchanged outside a step.
 
         `variables`: the variable of each gradient (for the aggregation hook),
-        or None; None gradients stay None.
+        or None; None gradients stay None. `scatter_to`: see `add_to`.
         """
         step = replica_step.current()
         if step is None:
             return list(gradients)
         total = self.step_sum(step)
-        finish = self.add_to(total, gradients, variables, weighted_in_loss)
+        finish = self.add_to(total, gradients, variables, weighted_in_loss, scatter_to)
         total.run(self._aggregator.all_reduce)
         return finish()
 
-    def add_to(self, total, gradients, variables, weighted_in_loss):
+    def add_to(self, total, gradients, variables, weighted_in_loss, scatter_to=None):
         """Contribute the gradients to `total` (a `StepSum`); return `finish`.
 
         `finish()`, called after `total.run`, gives the global gradients in
-        order: dense ones from the sum, sparse ones gathered.
+        order: dense ones from the sum, sparse ones gathered. `scatter_to`:
+        the `OptimizerShards` of a sharded optimizer that reduce-scatters
+        (`OptimizerShards.scatters`): its variables' dense gradients come back
+        as this rank's slices of the global gradients.
         """
         step = total.step
         variables = list(variables) if variables is not None else [None] * len(gradients)
@@ -83,12 +90,16 @@ class GlobalGradients:
         for position, gradient in enumerate(gradients):
             if gradient is None or isinstance(gradient, tf.IndexedSlices):
                 continue
+            index = scatter_to.index_of(variables[position]) if (
+                scatter_to is not None and variables[position] is not None) else None
+            scatter = (scatter_to, index) if index is not None else None
             if weighted_in_loss:
                 slots[position] = total.add_sum(_weighted(gradient, step.gradient_weight(True)),
-                                                variables[position], is_gradient=True)
+                                                variables[position], is_gradient=True,
+                                                scatter=scatter)
             else:
                 slots[position] = total.add_share_weighted(gradient, variables[position],
-                                                           is_gradient=True)
+                                                           is_gradient=True, scatter=scatter)
 
         def finish():
             weight = step.gradient_weight(weighted_in_loss)

@@ -175,12 +175,15 @@ class DeferredUpdate:
         variables: the variable of each gradient, or None.
         weighted_in_loss: the loss was weighted by the share (`weight_loss`).
         apply: the optimizer's own `apply`, called with the global gradients.
+        scatter_to: the `OptimizerShards` of a sharded optimizer that takes its
+            gradients reduce-scattered (this rank's slices), or None.
     """
 
     gradients: tuple
     variables: tuple
     weighted_in_loss: bool
     apply: object
+    scatter_to: object = None
 
 
 def current():

@@ -3,12 +3,18 @@ parameters, updates that part, and the parameters are all-gathered.
 
 Algorithm, per training step (`RingAllReduceStrategy(shard_optimizer_state=True)`):
 
-1. The gradients are summed over the ranks as without sharding (the step's
-   fused all-reduce, share-weighted, before clipping or accumulation), so every
-   rank holds the global gradient.
+1. The gradients are summed over the ranks, share-weighted, before clipping or
+   accumulation. On an engine that reduce-scatters (Horovod's) each gradient
+   bucket is reduce-scattered (`reduce_scatter`, called by the step's
+   `StepSum`): every rank receives the sum of its own range only. On
+   TensorFlow's collectives, which have no reduce-scatter on CPUs, the
+   gradients join the step's fused all-reduce as without sharding and every
+   rank cuts its slices from the global gradient.
 2. The trainable variables, flattened in the optimizer's order and grouped by
-   dtype, are cut into P contiguous ranges of ceil(N / P) elements (the last
-   ones shorter; `tfdist.aggregation.ownership.FlatPartition`); rank r owns range r. Each
+   dtype (and by gradient bucket where the gradients are reduce-scattered:
+   `ownership.bucket_groups`), are cut into P contiguous ranges of ceil(N / P)
+   elements per group (the last ones shorter;
+   `tfdist.aggregation.ownership.FlatPartition`); rank r owns range r. Each
    rank keeps its slice of each variable in a *shard variable* (a 1-D copy) and
    the optimizer's slots (Adam's moments, momentum, accumulators, EMA) only
    for those slices: every slot created from a model variable has the shape of
@@ -17,9 +23,11 @@ Algorithm, per training step (`RingAllReduceStrategy(shard_optimizer_state=True)
    whole).
 3. The optimizer's own `apply` runs on the rank's slices of the global
    gradient: clipping (the per-variable and global norms summed over the ranks
-   in one all-reduce of a few scalars), loss-scale unscaling, gradient
-   accumulation, weight decay, the update step, EMA - on its slices only.
-4. Each group's shard variables are all-gathered (one collective per dtype,
+   in one all-reduce of a few scalars), loss-scale unscaling (a
+   LossScaleOptimizer's finite check of reduce-scattered slices all-reduced: one
+   scalar), gradient accumulation, weight decay, the update step, EMA - on its
+   slices only.
+4. Each group's shard variables are all-gathered (one collective per group,
    each range padded to the first's size: the gathered buffer is the flat
    parameters followed by the padding, cut into the variables without copying
    the whole again) into the model's variables, then constraints apply to the
@@ -36,12 +44,13 @@ ratios, Muon's orthogonalization) are refused.
 
 Cost model, per step of n parameter bytes and s bytes of optimizer state over P
 ranks: memory s / P per rank instead of s (plus n / P for the shard variables);
-update compute / P; communication: the gradient all-reduce of
-2 (P - 1) / P n beta as before, plus the parameter all-gather of
-(P - 1) / P n beta and (P - 1) alpha - 1.5x the bytes of the unsharded ring
-(a reduce-scatter of the gradients instead of the all-reduce would bring it to
-1x: ZeRO's accounting). Saving gathers the whole state on every rank that saves
-(`consolidate`), so a checkpoint is the plain Keras file.
+update compute / P; communication with a reduce-scatter (Horovod): the
+gradients' reduce-scatter and the parameters' all-gather, (P - 1) / P n beta and
+(P - 1) alpha each - the bytes and latencies of the unsharded ring's all-reduce
+(ZeRO's accounting), as one collective more per bucket; without one (TensorFlow's
+collectives): the gradient all-reduce of 2 (P - 1) / P n beta as before plus the
+all-gather - 1.5x the bytes. Saving gathers the whole state on every rank that
+saves (`consolidate`), so a checkpoint is the plain Keras file.
 """
 
 import contextlib
@@ -52,7 +61,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdist.aggregation.ownership import FlatPartition
+from tfdist.aggregation.ownership import FlatPartition, bucket_groups
 from tfdist.profiling.names import communication_scope
 
 
@@ -81,16 +90,31 @@ class OptimizerShards:
         communicator: the job's `tfdist.comm.base.Communicator`.
         create_local: context manager under which variables are created as this
             rank's own (no broadcast from rank 0: their shapes differ per rank).
+        buckets: (bucket_bytes, first_bucket_bytes) of the ring's gradient buckets:
+            with an engine that reduce-scatters, the partition follows them
+            (`ownership.bucket_groups`) and the gradients are reduce-scattered.
     """
 
-    def __init__(self, variables: Sequence, communicator, create_local):
+    def __init__(self, variables: Sequence, communicator, create_local, buckets=None,
+                 counters=None):
         self.variables = list(variables)
         self.communicator = communicator
         self.rank = communicator.rank
         self.world_size = communicator.world_size
-        self.partition = FlatPartition([_elements(v) for v in self.variables],
-                                       [tf.as_dtype(v.dtype).name for v in self.variables],
-                                       self.world_size)
+        # The step reduce-scatters the gradients (`reduce_scatter`): 1x the bytes of the
+        # unsharded ring instead of 1.5x.
+        self.scatters = bool(communicator.reduces_scatter and buckets is not None)
+        sizes = [_elements(v) for v in self.variables]
+        dtypes = [tf.as_dtype(v.dtype) for v in self.variables]
+        groups = ([d.name for d in dtypes] if not self.scatters else
+                  bucket_groups(sizes, [d.name for d in dtypes], [d.size for d in dtypes],
+                                *buckets))
+        self.partition = FlatPartition(sizes, groups, self.world_size)
+        self.counters = counters  # the process's `CommunicationCounters`, or None
+        self._group_dtype = dict(zip(groups, dtypes))
+        self._group_members: Dict[str, List[int]] = {}
+        for i, group in enumerate(groups):
+            self._group_members.setdefault(group, []).append(i)
         self.ranges = [self.partition.slice_of(i, self.rank) for i in range(len(self.variables))]
         self._index: Dict[int, int] = {}
         for i, variable in enumerate(self.variables):
@@ -173,7 +197,8 @@ class OptimizerShards:
         return id(variable) in self.slots
 
     def local_part(self, tensor, index: int):
-        """This rank's slice of a whole-variable tensor.
+        """This rank's slice of a whole-variable tensor (a tensor of the slice's size is that
+        slice already: the gradients `reduce_scatter` gave).
 
         A sparse gradient (`tf.IndexedSlices`, an embedding's) stays sparse: its elements
         in the rank's range, indexed within the range, one entry per row occurrence.
@@ -185,6 +210,10 @@ class OptimizerShards:
         start, stop = self.ranges[index]
         if isinstance(tensor, tf.IndexedSlices):
             return _sparse_range(tensor, self.variables[index].shape, start, stop)
+        if tf.convert_to_tensor(tensor).shape.num_elements() == stop - start:
+            # Already the slice (`reduce_scatter`'s, maybe unscaled by a LossScaleOptimizer),
+            # or the whole gradient of a variable the rank owns whole: the same values.
+            return tf.reshape(tensor, [stop - start])
         flat = tf.reshape(tf.convert_to_tensor(tensor), [_elements(self.variables[index])])
         return flat[start:stop]
 
@@ -221,15 +250,48 @@ class OptimizerShards:
         if firsts:
             self._consumed.assign(tf.add_n(firsts))
 
+    def reduce_scatter(self, gradients: Dict[int, tf.Tensor]) -> Dict[int, tf.Tensor]:
+        """This rank's slice of the sum over the ranks of each dense gradient in `gradients`
+        (model variable index -> this rank's weighted gradient), as 1-D tensors.
+
+        Per group (a gradient bucket of one dtype, `ownership.bucket_groups`) with a
+        gradient given: its members' gradients flattened in order (zeros for members
+        without one), padded to P x the group's range width and reduce-scattered; rank r
+        receives range r of the group - the union of its slices of the members. One
+        collective per group, issued as soon as the group's gradients exist.
+        """
+        result: Dict[int, tf.Tensor] = {}
+        chunks = []
+        with tf.name_scope(communication_scope("sharded", "gradients")):
+            for group, members in self._group_members.items():
+                if not any(i in gradients for i in members):
+                    continue
+                dtype = self._group_dtype[group]
+                flat = tf.concat([tf.reshape(tf.cast(gradients[i], dtype), [self.partition.sizes[i]])
+                                  if i in gradients else tf.zeros([self.partition.sizes[i]], dtype)
+                                  for i in members], 0)
+                width = max(max(self.partition.group_sizes[group]), 1)
+                flat = tf.pad(flat, [[0, width * self.world_size - flat.shape[0]]])
+                chunk = self._counted([flat], lambda flat=flat: self.communicator.reduce_scatter(
+                    flat), width * dtype.size)
+                chunks.append(chunk)
+                offset = 0
+                for i in members:
+                    start, stop = self.ranges[i]
+                    if i in gradients:
+                        begin = offset + start - self.rank * width
+                        result[i] = (chunk[begin:begin + stop - start] if stop > start
+                                     else tf.zeros([0], dtype))
+                    offset += self.partition.sizes[i]
+        self.keep_all(chunks)  # a rank whose part of a group is padding reads none of it
+        return result
+
     def gather_into_model(self, indices: Optional[Sequence[int]] = None) -> None:
         """Every rank's shard variables all-gathered into the model variables (one collective
         per dtype group, each rank's range padded to the largest)."""
         chosen = set(range(len(self.variables)) if indices is None else indices)
-        groups: Dict[str, List[int]] = {}
-        for i, group in enumerate(self.partition.groups):
-            groups.setdefault(group, []).append(i)
         with tf.name_scope(communication_scope("sharded", "parameters")):
-            for group, members in groups.items():
+            for group, members in self._group_members.items():
                 if not chosen.intersection(members):
                     continue
                 whole = self._gather_flat(group, [self.shard_variables[i] for i in members])
@@ -244,15 +306,25 @@ class OptimizerShards:
         padded to the first's size, whose first N elements are the buffer (`ceiling_ranges`:
         only the last ranks' ranges are short)."""
         sizes = self.partition.group_sizes[group]
-        dtype = tf.as_dtype(group)
+        dtype = self._group_dtype[group]
         parts = [tf.reshape(tf.convert_to_tensor(v), [-1]) for v in locals_ if v.shape[0]]
         flat = tf.concat(parts, 0) if len(parts) > 1 else (
             parts[0] if parts else tf.zeros([0], dtype))
         width = max(max(sizes), 1)
         if sizes[self.rank] < width:
             flat = tf.pad(flat, [[0, width - sizes[self.rank]]])
-        gathered = self.communicator.all_gather_equal(tf.ensure_shape(flat, [width]))
+        flat = tf.ensure_shape(flat, [width])
+        gathered = self._counted([flat], lambda: self.communicator.all_gather_equal(flat),
+                                 width * dtype.size)
         return tf.reshape(gathered, [-1])[:sum(sizes)]
+
+    def _counted(self, inputs, run, part_bytes):
+        """`run()`, a reduce-scatter or all-gather of P parts of `part_bytes`, timed and
+        counted by the communication counters (a ring sends P - 1 parts)."""
+        if self.counters is None:
+            return run()
+        return self.counters.timed(inputs, run, payload_bytes=part_bytes * self.world_size,
+                                   sent_bytes=part_bytes * (self.world_size - 1))
 
     # ------------------------------------------------------------- checkpoints
     def consolidate(self) -> None:

@@ -64,16 +64,18 @@ def install():
             if step.plan.updates == REMOTE:  # asynchronous: the servers apply
                 return strategy.extended.push_gradients(
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
+            scatter_to = optimizer_sharding.scatter_target(self)
             if step.plan.updates == DEFERRED:  # summed with the step's state at its end
                 step.defer_update(replica_step.DeferredUpdate(
                     tuple(grads),
                     tuple(variables) if len(variables) == len(grads) else None,
                     step.loss_was_weighted_for(self),
-                    lambda global_grads: _apply_global(self, global_grads, trainable_variables)))
+                    lambda global_grads: _apply_global(self, global_grads, trainable_variables),
+                    scatter_to))
                 return None
             grads = strategy.extended.aggregate_gradients(
                 grads, variables=variables if len(variables) == len(grads) else None,
-                weighted_in_loss=step.loss_was_weighted_for(self))
+                weighted_in_loss=step.loss_was_weighted_for(self), scatter_to=scatter_to)
             with step.aggregated_gradients():
                 return _apply_global(self, grads, trainable_variables)
 

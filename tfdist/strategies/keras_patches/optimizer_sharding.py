@@ -19,8 +19,12 @@ optimizer keeps its class, config and saved form:
   `consolidated(model)` on every rank that saves) in the plain optimizer's order, so
   the file is Keras' own; a load takes this rank's slices of the whole slots.
 
-`apply_sharded` is the apply: the global gradients cut to this rank's slices, Keras'
-own `apply` on them, the parameters gathered, constraints applied.
+* a LossScaleOptimizer's `check_finite`, around an optimizer whose gradients are
+  reduce-scattered (`scatter_target`): the verdict of every rank's slices.
+
+`apply_sharded` is the apply: the global gradients cut to this rank's slices (or
+the slices a reduce-scatter gave), Keras' own `apply` on them, the parameters
+gathered, constraints applied.
 """
 
 import functools
@@ -29,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import _tf
+from tfdist.profiling.names import communication_scope
 
 from tfdist.strategies.keras_patches import patch_points
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
@@ -72,14 +77,32 @@ def begin_build(optimizer, variables, extended):
             or isinstance(optimizer, LossScaleOptimizer) or shards_of(optimizer) is not None):
         return None
     _check_shardable(optimizer, variables, extended.communicator.rank)
-    shards = OptimizerShards(variables, extended.communicator, extended.rank_local_variables)
+    aggregator = extended.aggregator
+    shards = OptimizerShards(variables, extended.communicator, extended.rank_local_variables,
+                             buckets=(aggregator.bucket_bytes, aggregator.first_bucket_bytes),
+                             counters=extended.communication_counters)
     register(optimizer, shards)
     _install(optimizer, shards, extended)
     return shards
 
 
+def scatter_target(optimizer):
+    """The `OptimizerShards` whose gradients `optimizer`'s apply takes reduce-scattered (its
+    own, or its inner optimizer's for a LossScaleOptimizer), or None."""
+    shards = shards_of(optimizer)
+    if shards is None and isinstance(optimizer, LossScaleOptimizer):
+        shards = shards_of(optimizer.inner_optimizer)
+    return shards if shards is not None and shards.scatters else None
+
+
 def end_build(optimizer):
-    """After Keras built `optimizer`: its update steps find their slots by shard variable."""
+    """After Keras built `optimizer`: its update steps find their slots by shard variable;
+    a LossScaleOptimizer around one whose gradients are scattered checks them all."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        inner = scatter_target(optimizer)
+        if inner is not None:
+            _check_finite_over_ranks(optimizer, inner)
+        return
     shards = shards_of(optimizer)
     if shards is None:
         return
@@ -110,6 +133,27 @@ def apply_sharded(optimizer, original_apply, grads, trainable_variables):
         if getattr(variable, "constraint", None) is not None:
             variable.assign(variable.constraint(variable))
     return result
+
+
+def _check_finite_over_ranks(optimizer, shards):
+    """The LossScaleOptimizer's finite check of reduce-scattered gradients over every rank.
+
+    Each rank holds its slices of the global gradients only; a rank seeing no inf or
+    NaN in its slices would apply the update another rank skips (and halve its loss
+    scale differently). The ranks' counts of non-finite slices are all-reduced: one
+    scalar collective per step.
+    """
+    check_finite = type(optimizer).check_finite
+
+    def check_finite_over_ranks(grads):
+        local = check_finite(optimizer, grads)
+        with tf.name_scope(communication_scope("sharded", "finite_check")):
+            bad = shards.communicator.all_reduce(
+                tf.reshape(1.0 - tf.cast(local, tf.float32), [1]))
+        return tf.equal(bad[0], 0.0)
+
+    patch_points.replace_on_instance(optimizer, "LossScaleOptimizer", "check_finite",
+                                     functools.wraps(check_finite)(check_finite_over_ranks))
 
 
 def _install(optimizer, shards, extended):

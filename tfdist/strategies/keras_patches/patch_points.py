@@ -133,6 +133,11 @@ POINTS = (
                "optimizer tracks it, inside Keras' add_variable, before any per-object "
                "attribute could be set: a sharded slot must save its whole value and restore "
                "its slice of one"),
+    PatchPoint("LossScaleOptimizer", ("check_finite",), "optimizer_sharding",
+               "with reduce-scattered gradients each rank holds its slices only, and "
+               "apply's skip-or-update decision (and the loss scale's change) is taken from "
+               "this method's answer on them; every rank must take the same one",
+               per_instance=True),
     PatchPoint("TFOptimizer", ("_all_reduce_sum_gradients",), "optimizer_sharding",
                "the last point before Keras' update steps: each pair's variable becomes the "
                "rank's shard variable, after weight decay", per_instance=True),
