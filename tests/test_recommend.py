@@ -214,3 +214,10 @@ def test_a_memory_budget_picks_the_ring_with_the_optimizer_state_sharded():
     with pytest.raises(ValueError, match="no candidate fits memory_budget_bytes"):
         recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6,
                   optimizer_state_bytes=2 * n, memory_budget_bytes=n)
+    # Horovod's engine reduce-scatters the gradients: the sharded ring costs the unsharded.
+    horovod = recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6,
+                        optimizer_state_bytes=2 * n, memory_budget_bytes=3 * n,
+                        backend="horovod")
+    assert horovod.options == {"shard_optimizer_state": True, "backend": "horovod"}
+    assert horovod.predicted_seconds == pytest.approx(
+        predict_all_reduce_seconds("ring", n, 8, alpha, beta))

@@ -118,7 +118,8 @@ def training_memory_bytes(algorithm, options, n_bytes, processes, optimizer_stat
 
 
 def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, compression=False,
-              compute_seconds=0.0, optimizer_state_bytes=0, memory_budget_bytes=None):
+              compute_seconds=0.0, optimizer_state_bytes=0, memory_budget_bytes=None,
+              backend="collective"):
     """The fastest gradient-aggregation algorithm and settings under the alpha-beta cost model.
 
     Every candidate - the ring; the reduction tree with each fanout 2 .. P - 1
@@ -161,12 +162,17 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
         optimizer_state_bytes: the optimizer's state s in bytes (Adam: 2 n, SGD with
             momentum: n; 0: not counted). With s > 0 the ring with
             `shard_optimizer_state=True` is a candidate too: its time adds the
-            parameters' all-gather, its memory holds s / P
-            (`training_memory_bytes`, each candidate's `memory_bytes`).
+            parameters' all-gather (none on `backend` "horovod"), its memory holds
+            s / P (`training_memory_bytes`, each candidate's `memory_bytes`).
         memory_budget_bytes: what one process may hold of training state, in bytes
             (None: no limit): the candidates over it are left out; a ValueError
-            if none fits. The sharded ring is never faster, so it is picked when the
-            memory asks for it.
+            if none fits. The sharded ring is never faster (on Horovod it ties, and the
+            unsharded one, listed first, wins), so it is picked when the memory asks
+            for it.
+        backend: the ring's engine, "collective" (TensorFlow's) or "horovod": Horovod's
+            reduce-scatters the sharded ring's gradients, which then costs what the
+            unsharded ring does (`RingAllReduceAggregator.predict_seconds`); the
+            sharded candidate's options carry it.
 
     Returns:
         A `Recommendation`; `recommendation.strategy()` builds its strategy
@@ -186,9 +192,11 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
     _check_number("optimizer_state_bytes", optimizer_state_bytes, minimum=0)
     if memory_budget_bytes is not None:
         _check_number("memory_budget_bytes", memory_budget_bytes, minimum=0, strict=True)
+    if backend not in ("collective", "horovod"):
+        raise ValueError(f"backend must be 'collective' or 'horovod'. Got: {backend!r}")
     alpha, beta = float(latency), 8.0 / bandwidth
-    pairs = (search_space(n_bytes, processes, optimizer_state_bytes) if candidates is None
-             else list(candidates))
+    pairs = (search_space(n_bytes, processes, optimizer_state_bytes, backend)
+             if candidates is None else list(candidates))
     if not pairs:
         raise ValueError("candidates must list at least one (algorithm, options) pair.")
     compressors = _compressors(compression)
@@ -270,12 +278,14 @@ def gradient_shapes(model_or_bytes, n_bytes):
     return compressed, exact
 
 
-def search_space(n_bytes, processes, optimizer_state_bytes=0):
+def search_space(n_bytes, processes, optimizer_state_bytes=0, backend="collective"):
     """Every (algorithm, options) pair `recommend` considers for n bytes over P processes
-    (the ring with its optimizer state sharded too when there is state to shard)."""
+    (the ring with its optimizer state sharded too when there is state to shard, on
+    `backend` when it is Horovod's)."""
     pairs = [("ring", {})]
     if optimizer_state_bytes:
-        pairs.append(("ring", {"shard_optimizer_state": True}))
+        pairs.append(("ring", {"shard_optimizer_state": True,
+                               **({"backend": backend} if backend == "horovod" else {})}))
     chunks = [SMALLEST_CHUNK_BYTES]
     while chunks[-1] < n_bytes:
         chunks.append(chunks[-1] * 2)

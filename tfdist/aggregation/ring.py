@@ -59,12 +59,16 @@ class RingAllReduceAggregator(Aggregator):
         return 2 * (p - 1) * n_bytes / p
 
     @classmethod
-    def predict_seconds(cls, n_bytes, world_size, alpha, beta, shard_optimizer_state=False):
-        """2 (P - 1) alpha + 2 (P - 1) / P n beta (reduce-scatter + all-gather); with the
-        optimizer state sharded (`tfdist.strategies.sharded_optimizer_state`) the parameters'
-        all-gather adds (P - 1) alpha + (P - 1) / P n beta (1.5x the bytes)."""
+    def predict_seconds(cls, n_bytes, world_size, alpha, beta, shard_optimizer_state=False,
+                        backend="collective"):
+        """2 (P - 1) alpha + 2 (P - 1) / P n beta (reduce-scatter + all-gather). With the
+        optimizer state sharded (`tfdist.strategies.sharded_optimizer_state`): the same on
+        `backend` "horovod", whose reduce-scatter of the gradients and all-gather of the
+        parameters are the two halves of that all-reduce; on TensorFlow's collectives (no
+        reduce-scatter on CPUs) the all-gather adds (P - 1) alpha + (P - 1) / P n beta
+        (1.5x the bytes)."""
         p = world_size
         seconds = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
-        if shard_optimizer_state:
+        if shard_optimizer_state and backend != "horovod":
             seconds += (p - 1) * alpha + (p - 1) / p * n_bytes * beta
         return seconds
