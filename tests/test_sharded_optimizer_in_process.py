@@ -33,7 +33,8 @@ RTOL, ATOL = 1e-5, 1e-4
 WORLDS = {"sgd_nesterov_clipnorm": 2, "adam_schedule_global_clipnorm": 3,
           "adamw_decay_excluding_biases": 4, "loss_scale_ema_accumulation": 4,
           "custom_train_step_rmsprop": 3, "custom_loop_adam": 3, "save_and_load": 2,
-          "custom_loop_checkpoint": 3, "embedding_adam_clipnorm": 3}
+          "custom_loop_checkpoint": 3, "embedding_adam_clipnorm": 3,
+          "eager_masked_sequence": 3, "sparse_input_nadam": 4}
 # make test runs these as 3 processes (test_sharded_optimizer.py's FAST_CASES); here in make
 # test-all.
 AS_PROCESSES_IN_MAKE_TEST = ("loss_scale_ema_accumulation", "custom_loop_adam", "save_and_load")

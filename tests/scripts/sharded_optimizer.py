@@ -19,7 +19,8 @@ gradients) with Adam and clipnorm; AdamW with weight decay
 excluding the biases by name; a LossScaleOptimizer around Adam with EMA
 (overwritten every 3 steps) and gradient accumulation; RMSprop with clipvalue
 in a custom `train_step`; a custom loop over `strategy.run` with Adam; and
-saving (model.save, save_weights) then loading back.
+saving (model.save, save_weights) then loading back; run_eagerly with a masked
+GRU over an Embedding; a tf.SparseTensor input with Nadam.
 """
 
 import argparse
@@ -133,6 +134,43 @@ def case_embedding_adam_clipnorm(strategy):
                         verbose=0)
     evaluation = model.evaluate(tokens, labels, batch_size=BATCH, return_dict=True, verbose=0)
     predictions = model.predict(tokens[:37], batch_size=16, verbose=0)
+    return results(model, history, evaluation, predictions,
+                   optimizer_bytes=optimizer_bytes(model))
+
+
+def case_eager_masked_sequence(strategy):
+    """Eager debugging of a masked sequence model: run_eagerly=True, an Embedding with
+    mask_zero (padded sequences of several lengths; sparse gradients) into a GRU, Adam."""
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(1, 30, (ROWS, 7)).astype("int32")
+    for row, length in enumerate(rng.integers(2, 8, ROWS)):
+        tokens[row, length:] = 0
+    labels = (tokens[:, 0] % CLASSES).astype("int32")
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((7,), dtype="int32")
+        hidden = keras.layers.Embedding(30, 6, mask_zero=True)(inputs)
+        hidden = keras.layers.GRU(5)(hidden)
+        model = keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], run_eagerly=True)
+    history = model.fit(tokens, labels, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    evaluation = model.evaluate(tokens, labels, batch_size=BATCH, return_dict=True, verbose=0)
+    predictions = model.predict(tokens[:37], batch_size=16, verbose=0)
+    return results(model, history, evaluation, predictions,
+                   optimizer_bytes=optimizer_bytes(model))
+
+
+def case_sparse_input_nadam(strategy):
+    """A tf.SparseTensor input (bag-of-words rows, most entries zero) into Dense, Nadam."""
+    x, y = data()
+    x = np.where(np.abs(x) > 1.0, x, 0.0).astype("float32")
+    sparse = tf.sparse.from_dense(x)
+    model = build(strategy, lambda: keras.optimizers.Nadam(0.01))
+    history = model.fit(sparse, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    evaluation = model.evaluate(sparse, y, batch_size=BATCH, return_dict=True, verbose=0)
+    predictions = model.predict(x[:37], batch_size=16, verbose=0)
     return results(model, history, evaluation, predictions,
                    optimizer_bytes=optimizer_bytes(model))
 
