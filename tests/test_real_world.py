@@ -40,7 +40,8 @@ ALL_CASES = ("seeded_before_strategy", "reshuffled_dataset", "guide_custom_loop"
              "checkpoint_reload", "transfer_learning", "mixed_float16_regression",
              "eager_embedding", "sparse_inputs", "hand_written_ratio", "schedule_free",
              "saves_on_rank_zero")
-# make test: the cases simulated ranks cannot run, and the conventions also run in-process;
+# make test: the cases simulated ranks cannot run, and the conventions (in-process in make
+# test-all);
 # make test-all: every case as processes.
 PROCESS_CASES = tuple(name for name in ALL_CASES
                       if name in REAL_WORLD_PROCESSES_ONLY or name in REAL_WORLD_IN_BOTH)

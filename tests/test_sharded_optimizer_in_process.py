@@ -38,6 +38,9 @@ WORLDS = {"sgd_nesterov_clipnorm": 2, "adam_schedule_global_clipnorm": 3,
 # make test runs these as 3 processes (test_sharded_optimizer.py's FAST_CASES); here in make
 # test-all.
 AS_PROCESSES_IN_MAKE_TEST = ("loss_scale_ema_accumulation", "custom_loop_adam", "save_and_load")
+# make test-all only (here, as 4 processes and on Horovod's engine): run_eagerly's masked GRU
+# (22 s here) and the sparse input (13 s), whose paths make test runs unsharded.
+TEST_ALL_ONLY = ("eager_masked_sequence", "sparse_input_nadam")
 
 
 def run_case(name, kind, world, workdir):
@@ -54,7 +57,8 @@ def test_every_case_has_a_world_size():
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow]
-                                               if name in AS_PROCESSES_IN_MAKE_TEST else [])
+                                               if name in AS_PROCESSES_IN_MAKE_TEST
+                                               + TEST_ALL_ONLY else [])
                                   for name in sorted(WORLDS)])
 def test_sharded_training_equals_the_plain_script(name, tmp_path):
     world = WORLDS[name]

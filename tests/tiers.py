@@ -29,7 +29,9 @@ Train's elastic ScalingConfig and a Slurm job requeued at another size in make t
 Optimizer-state sharding: four cases in-process at 2-4 ranks, the resume and the refusals
 (test_sharded_optimizer_in_process.py) and the other three (loss scaling with EMA and
 accumulation, the custom loop, the saved files) as 3 processes on TensorFlow's collectives
-in make test; every case in-process, as 4 processes and on Horovod in make test-all. To
+in make test; every case in-process, as 4 processes and on Horovod's engine (3 processes,
+reduce-scattered gradients) in make test-all, where alone run_eagerly's masked GRU and the
+sparse input run (their paths run unsharded in make test). To
 keep make test within its time: Ray Train's restart, the async PS's Downpour accounting
 launch, a worker SIGKILLed by the kill matrix (test_elastic's is), and the in-process runs
 of cases make test runs as processes (multi_io_weights, saves_on_rank_zero) are make
@@ -48,7 +50,8 @@ REAL_WORLD_IN_BOTH = ("saves_on_rank_zero", "eager_embedding", "sparse_inputs",
                       "hand_written_ratio", "schedule_free")
 # real_world_conventions.py cases the in-process tier also runs on the other aggregator at
 # another size in make test-all (each class on ring and tree, at 2 and 3 ranks); make test
-# runs them once in-process and once as 3 processes on the ring.
+# runs them as processes (test_real_world.py's 2-process ring launch; in-process: make
+# test-all, REAL_WORLD_IN_PROCESS_TEST_ALL_ONLY).
 REAL_WORLD_CONVENTIONS = ("eager_embedding", "hand_written_ratio", "schedule_free",
                           "sparse_inputs")
 # real_world.py cases simulated ranks cannot run as processes do: they draw from TensorFlow's
@@ -59,8 +62,10 @@ REAL_WORLD_PROCESSES_ONLY = ("seeded_before_strategy", "reshuffled_dataset",
 # between threads; per-rank BatchNorm statistics only agree across ranks.
 KERAS_PATTERNS_PROCESSES_ONLY = ("pydataset", "pydataset_unseeded", "batchnorm_empty_slices")
 # real_world.py cases of REAL_WORLD_IN_BOTH the in-process tier runs in make test-all only:
-# make test runs them as processes (saving on rank 0 only: 18 s as 5 simulated ranks).
-REAL_WORLD_IN_PROCESS_TEST_ALL_ONLY = ("saves_on_rank_zero",)
+# make test runs them as processes (saving on rank 0 only: 18 s as 5 simulated ranks; the
+# four conventions, 42 s here, in test_real_world.py's 2-process launch).
+REAL_WORLD_IN_PROCESS_TEST_ALL_ONLY = ("saves_on_rank_zero", "eager_embedding", "sparse_inputs",
+                                       "hand_written_ratio", "schedule_free")
 # keras_patterns.py cases the in-process tier runs in make test-all only: make test's
 # parameter-server launch (test_keras_patterns.py) runs them as 2 processes (sample and class
 # weights on three outputs: 19 s as 4 simulated ranks).
