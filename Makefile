@@ -5,6 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tfdist-installed
 NP     ?= 2
 PYTEST_ARGS ?=
+# The in-process tier runs in this many pytest processes, a test file each at a time
+# (pytest-xdist --dist loadfile): its simulated ranks share one interpreter's GIL, so one
+# process keeps one core busy; the multi-process tier runs its jobs one at a time.
+TEST_WORKERS ?= 2
 STRESS_JOBS ?= 120
 STRESS_ARGS ?=
 
@@ -32,14 +36,14 @@ demo: install  ## train a CNN on the bundled digits data with 2 processes
 typecheck: install  ## mypy on the declared interfaces (pyproject.toml [tool.mypy]), seconds
 	$(BIN)/python -m mypy
 
-test-fast: typecheck  ## the type check, then the in-process tier: no process launched, about 6 min
-	$(BIN)/python -m pytest -x -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
+test-fast: typecheck  ## the type check, then the in-process tier (TEST_WORKERS pytest processes): no process launched, about 3 min
+	$(BIN)/python -m pytest -x -n $(TEST_WORKERS) --dist loadfile -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
 test: test-fast  ## make test-fast, then the multi-process tests (loopback), about 20 min in all
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
 
 test-compat:  ## the in-process tier and a 2-process equivalence on the lowest Keras and the pinned development build (constraints-compat.txt), each in its own venv
-	PYTHON=$(PYTHON) PYTEST_ARGS="$(PYTEST_ARGS)" scripts/test_compat.sh
+	PYTHON=$(PYTHON) PYTEST_ARGS="$(PYTEST_ARGS)" TEST_WORKERS=$(TEST_WORKERS) scripts/test_compat.sh
 
 test-all: typecheck  ## every test, including the slow scenarios
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests

@@ -7,6 +7,8 @@ bound to a communicator is that rank for the runtime and the strategies.
 """
 
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -75,6 +77,33 @@ def test_a_rank_that_fails_in_a_compiled_step_names_itself():
 
     with pytest.raises(SimulationError, match="rank 1"):
         simulate(2, run, timeout=20)
+
+
+def _compute(seconds):
+    """CPU-bound for `seconds`, every sample of this thread's Python stack the same (one line:
+    the matrix products release the GIL, as a long native call of TensorFlow's does)."""
+    a, end = np.random.default_rng(0).random((200, 200)), time.monotonic() + seconds
+    while time.monotonic() < end: a = a @ a / np.abs(a @ a).max()  # noqa: E701
+
+
+def test_a_late_peer_that_computes_is_waited_for_and_a_blocked_one_is_named():
+    """A peer whose stack stays the same while its thread uses CPU time (one long native
+    call) is late, not hung: its peers wait beyond the timeout; a blocked one (no CPU
+    time) fails the wait within it, naming where it is."""
+    def late(comm, keep_busy):
+        if comm.rank == 0:
+            if keep_busy:
+                _compute(6.0)
+            else:
+                threading.Event().wait(6.0)
+        return float(comm.all_reduce(tf.constant(1.0)))
+
+    assert simulate(2, lambda comm: late(comm, True), timeout=2) == [2.0, 2.0]
+    started = time.monotonic()
+    with pytest.raises(SimulationError, match=r"rank 1: all_reduce .* without progress .*"
+                                              r"rank 0 is at .*in late .*CPU time"):
+        simulate(2, lambda comm: late(comm, False), timeout=2)
+    assert time.monotonic() - started < 15
 
 
 def test_every_rank_has_its_own_python_and_numpy_generators():

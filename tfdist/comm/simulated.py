@@ -22,7 +22,8 @@ it has run, so ops a step runs in parallel, in any order, still meet their
 peers' (a rank's eager collectives are matched in the order it issues
 them). Every wait is
 bounded: it fails after `timeout` seconds in which no late peer moved (its
-Python stack unchanged: blocked, or waiting in another collective), and in
+Python stack unchanged and its thread using no CPU time: blocked, or waiting
+in another collective), and in
 any case after `PROGRESS_CAP` times `timeout`, naming where each late peer
 is; a peer still tracing a step on a loaded machine is not taken for a
 hung one. A rank that raises ends the others' waits with an error naming
@@ -59,6 +60,9 @@ from tfdist.comm.trace_counter import TraceStableCounter
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # A wait whose late peers keep moving ends after at most this many timeouts.
 PROGRESS_CAP = 5
+# A late peer whose thread used this share of a core between two looks is computing (a long
+# native call: the same Python stack, not hung); a waiting one uses far less.
+CPU_PROGRESS = 0.05
 # Inter-op threads a process of simulated ranks needs (see `reserve_inter_op_threads`).
 INTER_OP_THREADS = 16
 
@@ -86,16 +90,21 @@ class _Meeting:
         `PROGRESS_CAP` timeouts), naming where each of them is."""
         start = idle_since = time.monotonic()
         poll = max(min(5.0, self.timeout / 4), 0.01)
-        seen = None
+        seen, seen_cpu = None, {}
         while not self.condition.wait_for(lambda: ready() or self.failed, poll):
             now = time.monotonic()
             peers = waiting_for() if callable(waiting_for) else waiting_for
             where = [_where(self.threads.get(peer), frames=16) for peer in peers]
-            if where != seen:  # a late peer moved (tracing, building): not hung
-                seen, idle_since = where, now
+            cpu = {peer: _cpu_seconds(self.threads.get(peer)) for peer in peers}
+            computed = any(cpu[p] is not None and p in seen_cpu and seen_cpu[p] is not None
+                           and cpu[p] - seen_cpu[p] >= CPU_PROGRESS * poll for p in peers)
+            if where != seen or computed:  # a late peer moved or computed: not hung
+                idle_since = now
+            seen, seen_cpu = where, cpu
             if now - idle_since >= self.timeout or now - start >= PROGRESS_CAP * self.timeout:
-                late = "".join(f"; rank {peer} is at {_where(self.threads.get(peer))}"
-                               for peer in peers)
+                late = "".join(
+                    f"; rank {peer} is at {_where(self.threads.get(peer))} (its thread's CPU "
+                    f"time: {_cpu_seconds(self.threads.get(peer))} s)" for peer in peers)
                 raise SimulationError(
                     f"simulated rank {rank}: {what} waited {now - start:.0f} s for its peers, "
                     f"{now - idle_since:.0f} s of it without progress (timeout "
@@ -320,6 +329,24 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
     if any(thread.is_alive() for thread in threads):
         raise SimulationError(f"simulated ranks did not finish within {2 * meeting.timeout:g} s")
     return results
+
+
+def _cpu_seconds(thread) -> Optional[float]:
+    """CPU seconds `thread` has used (Linux: /proc; None elsewhere or once it ended).
+
+    A late peer in one long native call (a big graph's op creation, a kernel) shows
+    the same Python stack sample after sample while its CPU time grows: moving, not hung.
+    """
+    native_id = getattr(thread, "native_id", None)
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # utime and stime: fields 14 and 15 of stat(5), the 12th and 13th after the name.
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
 def _where(thread, frames=4):
