@@ -39,7 +39,7 @@ typecheck: install  ## mypy on the declared interfaces (pyproject.toml [tool.myp
 test-fast: typecheck  ## the type check, then the in-process tier (TEST_WORKERS pytest processes): no process launched, about 3 min
 	$(BIN)/python -m pytest -x -n $(TEST_WORKERS) --dist loadfile -m "in_process and not slow" --time-budgets $(PYTEST_ARGS) tests
 
-test: test-fast  ## make test-fast, then the multi-process tests (loopback), about 20 min in all
+test: test-fast  ## make test-fast, then the multi-process tests (loopback), about 15 min in all
 	$(BIN)/python -m pytest -m "not slow and not in_process" --time-budgets $(PYTEST_ARGS) tests
 
 test-compat:  ## the in-process tier and a 2-process equivalence on the lowest Keras and the pinned development build (constraints-compat.txt), each in its own venv

@@ -64,6 +64,8 @@ def parse_args():
                              "RingAllReduceStrategy(shard_optimizer_state=True)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="the timed models' optimizer (default SGD with momentum)")
+    parser.add_argument("--mlp-hidden", type=int, default=MLP_HIDDEN,
+                        help=f"the MLP's hidden width (default {MLP_HIDDEN}: 5.8 M parameters)")
     args = parser.parse_args()
     if args.epochs is not None and args.epochs < 2:
         parser.error(f"--epochs must be >= 2 (the first is not timed). Got: {args.epochs}")
@@ -105,7 +107,7 @@ def load_framework(name, bucket_mb=None, shard_optimizer_state=False):
     return keras, tf, strategy, strategy.rank, strategy.world_size, tfdist
 
 
-def build_model(keras, model):
+def build_model(keras, model, mlp_hidden=MLP_HIDDEN):
     if model == "cnn":  # examples/digits.py's model without its Dropout (exact comparisons)
         return keras.Sequential([
             keras.Input((8, 8, 1)),
@@ -118,8 +120,8 @@ def build_model(keras, model):
         ])
     return keras.Sequential([
         keras.Input((MLP_FEATURES,)),
-        keras.layers.Dense(MLP_HIDDEN, activation="relu"),
-        keras.layers.Dense(MLP_HIDDEN, activation="relu"),
+        keras.layers.Dense(mlp_hidden, activation="relu"),
+        keras.layers.Dense(mlp_hidden, activation="relu"),
         keras.layers.Dense(10, activation="softmax"),
     ])
 
@@ -183,7 +185,8 @@ def rss_mb():
         return 0.0
 
 
-def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer="sgd"):
+def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer="sgd",
+               mlp_hidden=MLP_HIDDEN):
     if model_name == "cnn":
         global_batch, samples = CNN_GLOBAL_BATCH, CNN_SAMPLES
     else:
@@ -193,7 +196,7 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer
     keras.utils.set_random_seed(0)
     rss_before_model = rss_mb()
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = build_model(keras, model_name)
+        model = build_model(keras, model_name, mlp_hidden)
         model.compile(optimizer=(keras.optimizers.Adam(1e-3) if optimizer == "adam" else
                                  keras.optimizers.SGD(0.05, momentum=0.9)),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -252,7 +255,7 @@ def main():
             result["models"][model_name] = time_model(keras, tfdist, strategy, processes,
                                                       model_name,
                                                       args.epochs or EPOCHS[model_name],
-                                                      args.optimizer)
+                                                      args.optimizer, args.mlp_hidden)
     if args.exact:
         for model_name in args.models:
             result["exact"][model_name] = exact_model(keras, strategy, processes, rank,
