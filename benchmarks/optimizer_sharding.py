@@ -40,24 +40,26 @@ MEMORY_PROCESSES = (1, 2, 4)
 TIME_PROCESSES = 2
 TIME_EPOCHS = 4  # the first untimed: 30 timed steps
 MEMORY_EPOCHS = 2
+MLP_HIDDEN = 2048  # peer_worker's MLP: 5.8 M parameters
+WIDE_HIDDEN = 4096  # the same MLP twice as wide: 20.0 M parameters, 160 MB of Adam state
 GOAL = 1.1  # the sharded step at most 1.1x the unsharded ring's at 2 processes, here
 # The step's engines: "ring" = TensorFlow's collectives, "horovod" = Horovod's (Gloo) when
 # installed (tfdist-run makes every job a Horovod job then).
 ENGINES = ("ring", "horovod")
 
 
-def _worker(out, strategy, epochs, sharded):
+def _worker(out, strategy, epochs, sharded, mlp_hidden=MLP_HIDDEN):
     return ([sys.executable, WORKER, out, strategy, "--time", "--models", "mlp", "--epochs",
-             str(epochs), "--optimizer", "adam"]
+             str(epochs), "--optimizer", "adam", "--mlp-hidden", str(mlp_hidden)]
             + (["--shard-optimizer-state"] if sharded else []))
 
 
-def _launch(tmp, tag, processes, epochs, sharded, strategy="ring"):
+def _launch(tmp, tag, processes, epochs, sharded, strategy="ring", mlp_hidden=MLP_HIDDEN):
     """Every rank's `peer_worker` result of one tfdist-run job (`strategy`: "ring", the
     collectives, or "horovod", Horovod's engine on Gloo)."""
     out = os.path.join(tmp, f"{tag}.json")
     command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes), "--timeout", "120",
-               *_worker(out, strategy, epochs, sharded)]
+               *_worker(out, strategy, epochs, sharded, mlp_hidden)]
     print("$", " ".join(command), flush=True)
     peer_report._run(command, env=peer_report._worker_env())  # pylint: disable=protected-access
     ranks = []
@@ -84,14 +86,14 @@ def _floor(tmp, tag, processes):
     return statistics.median(steps)
 
 
-def measure_memory(tmp, processes):
+def measure_memory(tmp, processes, mlp_hidden=MLP_HIDDEN):
     rows = []
     for p in processes:
         for sharded in (False, True):
-            ranks = _launch(tmp, f"memory_P{p}_{'sharded' if sharded else 'ring'}", p,
-                            MEMORY_EPOCHS, sharded)
+            ranks = _launch(tmp, f"memory_{mlp_hidden}_P{p}_{'sharded' if sharded else 'ring'}",
+                            p, MEMORY_EPOCHS, sharded, mlp_hidden=mlp_hidden)
             rows.append({
-                "processes": p, "sharded": sharded,
+                "processes": p, "sharded": sharded, "mlp_hidden": mlp_hidden,
                 "optimizer_mb_per_rank": [r["optimizer_bytes"] / 1e6 for r in ranks],
                 "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
                 "training_rss_mb_per_rank": [round(r["training_rss_mb"], 1) for r in ranks],

@@ -43,6 +43,7 @@ reference, nothing is serialized. Not an engine for training.
 """
 
 import collections
+import faulthandler
 import itertools
 import os
 import sys
@@ -57,7 +58,10 @@ import tensorflow as tf
 from tfdist.comm.base import Communicator, checked_static_shape
 from tfdist.comm.trace_counter import TraceStableCounter
 
-DEFAULT_TIMEOUT_SECONDS = 60.0
+# Two pytest processes of simulated ranks on 2 cores have shown a peer's thread sitting at one
+# Python line, using no CPU time, for 30-60 s and more while the other ranks waited (cause not
+# found: a failing wait dumps every thread's stack to stderr); a real hang still fails, later.
+DEFAULT_TIMEOUT_SECONDS = 120.0
 # A wait whose late peers keep moving ends after at most this many timeouts.
 PROGRESS_CAP = 5
 # A late peer whose thread used this share of a core between two looks is computing (a long
@@ -105,6 +109,7 @@ class _Meeting:
                 late = "".join(
                     f"; rank {peer} is at {_where(self.threads.get(peer))} (its thread's CPU "
                     f"time: {_cpu_seconds(self.threads.get(peer))} s)" for peer in peers)
+                _dump_threads(f"simulated rank {rank}: {what} gives up waiting")
                 raise SimulationError(
                     f"simulated rank {rank}: {what} waited {now - start:.0f} s for its peers, "
                     f"{now - idle_since:.0f} s of it without progress (timeout "
@@ -329,6 +334,15 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
     if any(thread.is_alive() for thread in threads):
         raise SimulationError(f"simulated ranks did not finish within {2 * meeting.timeout:g} s")
     return results
+
+
+def _dump_threads(why: str) -> None:
+    """`why` and every thread's Python stack on stderr (where a wait gives up)."""
+    try:
+        print(f"{why}; every thread's stack:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    except (OSError, ValueError):  # a stderr without a file descriptor
+        pass
 
 
 def _cpu_seconds(thread) -> Optional[float]:
