@@ -124,19 +124,26 @@ def measure_steps(tmp, rounds, engines=ENGINES):
     return runs, ratios
 
 
+def _memory_summary(memory):
+    """Per row: the largest rank's optimizer MB, peak and training RSS (keys P<p>_<kind>_...,
+    the wider MLP's prefixed with wide_)."""
+    summary = {}
+    for row in memory:
+        prefix = ("wide_" if row["mlp_hidden"] != MLP_HIDDEN else "") + \
+            f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
+        summary[f"{prefix}_optimizer_mb_max_rank"] = round(max(row["optimizer_mb_per_rank"]), 2)
+        summary[f"{prefix}_peak_rss_mb_max_rank"] = max(row["peak_rss_mb_per_rank"])
+        summary[f"{prefix}_training_rss_mb_max_rank"] = max(row["training_rss_mb_per_rank"])
+    return summary
+
+
 def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_sharding"):
     start = time.perf_counter()
-    memory = measure_memory(tmp, memory_processes)
+    memory = (measure_memory(tmp, memory_processes)
+              + measure_memory(tmp, memory_processes, mlp_hidden=WIDE_HIDDEN))
     engines = ENGINES if importlib.util.find_spec("horovod") is not None else ("ring",)
     runs, ratios = measure_steps(tmp, rounds, engines)
-    summary = {f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
-               f"_optimizer_mb_max_rank": round(max(row["optimizer_mb_per_rank"]), 2)
-               for row in memory}
-    summary.update({f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
-                    f"_peak_rss_mb_max_rank": max(row["peak_rss_mb_per_rank"]) for row in memory})
-    summary.update({f"P{row['processes']}_{'sharded' if row['sharded'] else 'ring'}"
-                    f"_training_rss_mb_max_rank": max(row["training_rss_mb_per_rank"])
-                    for row in memory})
+    summary = _memory_summary(memory)
     summary.update({f"P{TIME_PROCESSES}_{key}": round(statistics.median(values), 3)
                     for key, values in ratios.items()})
     result = {
@@ -147,7 +154,9 @@ def run(tmp, rounds=ROUNDS, memory_processes=MEMORY_PROCESSES, name="optimizer_s
         "minutes": round((time.perf_counter() - start) / 60, 1),
         "description": (
             "784-2048-2048-10 MLP (5.8 M parameters), Adam(1e-3), 64 rows per process, one "
-            "intra-op thread per process, all processes on one host (2 cores). memory: every "
+            "intra-op thread per process, all processes on one host (2 cores). memory: the "
+            f"MLP and the same twice as wide (hidden {WIDE_HIDDEN}: 20.0 M parameters, 160 MB "
+            "of Adam state; rows with mlp_hidden, summary keys wide_...), every "
             f"rank's optimizer variables, peak RSS and training RSS (RSS after {MEMORY_EPOCHS} "
             "epochs less RSS before the model was built) under "
             "tfdist-run, RingAllReduceStrategy(backend='collective') with and without "
@@ -169,20 +178,25 @@ def plot(memory, filename):
     if plt is None:
         return
     counts = sorted({row["processes"] for row in memory})
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, key, label in ((axes[0], "optimizer_mb_per_rank", "optimizer state per rank (MB)"),
-                           (axes[1], "training_rss_mb_per_rank",
-                            "training memory per rank (MB)")):
-        for offset, sharded in ((-0.2, False), (0.2, True)):
-            values = [max(row[key]) for p in counts for row in memory
-                      if row["processes"] == p and row["sharded"] == sharded]
-            ax.bar([i + offset for i in range(len(counts))], values, width=0.4,
-                   label="shard_optimizer_state=True" if sharded else "unsharded",
-                   color="tab:blue" if sharded else "tab:gray")
-        ax.set_xticks(range(len(counts)), [f"P = {p}" for p in counts])
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    fig.suptitle("5.8 M MLP with Adam: the largest rank's memory")
+    widths = sorted({row["mlp_hidden"] for row in memory})
+    fig, axes = plt.subplots(len(widths), 2, figsize=(9, 3.4 * len(widths)), squeeze=False)
+    for axes_row, width in zip(axes, widths):
+        rows = [row for row in memory if row["mlp_hidden"] == width]
+        params = rows[0]["parameters"] / 1e6
+        for ax, key, label in ((axes_row[0], "optimizer_mb_per_rank",
+                                f"{params:.1f} M MLP: optimizer state (MB)"),
+                               (axes_row[1], "training_rss_mb_per_rank",
+                                f"{params:.1f} M MLP: training memory (MB)")):
+            for offset, sharded in ((-0.2, False), (0.2, True)):
+                values = [max(row[key]) for p in counts for row in rows
+                          if row["processes"] == p and row["sharded"] == sharded]
+                ax.bar([i + offset for i in range(len(values))], values, width=0.4,
+                       label="shard_optimizer_state=True" if sharded else "unsharded",
+                       color="tab:blue" if sharded else "tab:gray")
+            ax.set_xticks(range(len(counts)), [f"P = {p}" for p in counts])
+            ax.set_ylabel(label, fontsize=8)
+            ax.legend(fontsize=8)
+    fig.suptitle("Adam, TF ring: the largest rank's memory per process count")
     fig.tight_layout()
     save(fig, filename)
 

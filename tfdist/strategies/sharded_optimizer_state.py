@@ -11,8 +11,8 @@ Algorithm, per training step (`RingAllReduceStrategy(shard_optimizer_state=True)
    gradients join the step's fused all-reduce as without sharding and every
    rank cuts its slices from the global gradient.
 2. The trainable variables, flattened in the optimizer's order and grouped by
-   dtype (and by gradient bucket where the gradients are reduce-scattered:
-   `ownership.bucket_groups`), are cut into P contiguous ranges of ceil(N / P)
+   gradient bucket and dtype (the ring's buckets: `ownership.bucket_groups`),
+   are cut into P contiguous ranges of ceil(N / P)
    elements per group (the last ones shorter;
    `tfdist.aggregation.ownership.FlatPartition`); rank r owns range r. Each
    rank keeps its slice of each variable in a *shard variable* (a 1-D copy) and
@@ -43,7 +43,9 @@ elements of the variable (Adafactor's factored moments, LAMB's and LARS' trust
 ratios, Muon's orthogonalization) are refused.
 
 Cost model, per step of n parameter bytes and s bytes of optimizer state over P
-ranks: memory s / P per rank instead of s (plus n / P for the shard variables);
+ranks: memory s / P per rank instead of s (plus n / P for the shard variables; the
+collectives' buffers are a bucket's, never the whole model's: measured in
+benchmarks/results/optimizer_sharding.json);
 update compute / P; communication with a reduce-scatter (Horovod): the
 gradients' reduce-scatter and the parameters' all-gather, (P - 1) / P n beta and
 (P - 1) alpha each - the bytes and latencies of the unsharded ring's all-reduce
@@ -91,8 +93,9 @@ class OptimizerShards:
         create_local: context manager under which variables are created as this
             rank's own (no broadcast from rank 0: their shapes differ per rank).
         buckets: (bucket_bytes, first_bucket_bytes) of the ring's gradient buckets:
-            with an engine that reduce-scatters, the partition follows them
-            (`ownership.bucket_groups`) and the gradients are reduce-scattered.
+            the partition follows them (`ownership.bucket_groups`), so each collective
+            of the step moves one bucket's buffer at most; with an engine that
+            reduce-scatters, the gradients are reduce-scattered bucket by bucket.
     """
 
     def __init__(self, variables: Sequence, communicator, create_local, buckets=None,
@@ -106,7 +109,9 @@ class OptimizerShards:
         self.scatters = bool(communicator.reduces_scatter and buckets is not None)
         sizes = [_elements(v) for v in self.variables]
         dtypes = [tf.as_dtype(v.dtype) for v in self.variables]
-        groups = ([d.name for d in dtypes] if not self.scatters else
+        # Ranges per gradient bucket (one per dtype without buckets): each parameter
+        # all-gather, and each reduce-scatter, moves one bucket's buffer at most.
+        groups = ([d.name for d in dtypes] if buckets is None else
                   bucket_groups(sizes, [d.name for d in dtypes], [d.size for d in dtypes],
                                 *buckets))
         self.partition = FlatPartition(sizes, groups, self.world_size)
@@ -288,7 +293,8 @@ class OptimizerShards:
 
     def gather_into_model(self, indices: Optional[Sequence[int]] = None) -> None:
         """Every rank's shard variables all-gathered into the model variables (one collective
-        per dtype group, each rank's range padded to the largest)."""
+        per group - a gradient bucket of one dtype - each rank's range padded to the
+        largest)."""
         chosen = set(range(len(self.variables)) if indices is None else indices)
         with tf.name_scope(communication_scope("sharded", "parameters")):
             for group, members in self._group_members.items():
