@@ -312,6 +312,8 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
     meeting = _Meeting(int(world_size), float(timeout))
     results: List[Any] = [None] * meeting.world_size
 
+    finished = []
+
     def run(rank):
         try:
             results[rank] = fn(SimulatedCommunicator(rank, meeting))
@@ -319,6 +321,9 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
             with meeting.condition:
                 if meeting.failed is None:
                     meeting.failed = (rank, error)
+        finally:
+            with meeting.condition:
+                finished.append(rank)
                 meeting.condition.notify_all()
 
     threads = [threading.Thread(target=run, args=(rank,), name=f"simulated-rank-{rank}",
@@ -326,13 +331,23 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
     meeting.threads = dict(enumerate(threads))
     for thread in threads:
         thread.start()
+    # Every rank finished, or one failed; a rank computing long outside any collective is
+    # waited for up to the cap of a wait (its peers' waits bound the rest).
+    limit = PROGRESS_CAP * meeting.timeout
+    with meeting.condition:
+        meeting.condition.wait_for(
+            lambda: meeting.failed is not None or len(finished) == meeting.world_size, limit)
+    cleanup = time.monotonic() + meeting.timeout  # the others end at their next collective
     for thread in threads:
-        thread.join(meeting.timeout * 2)
+        thread.join(max(0.0, cleanup - time.monotonic()))
     if meeting.failed is not None:
         rank, error = meeting.failed
         raise SimulationError(f"simulated rank {rank} failed: {_describe(error)}") from error
-    if any(thread.is_alive() for thread in threads):
-        raise SimulationError(f"simulated ranks did not finish within {2 * meeting.timeout:g} s")
+    if len(finished) < meeting.world_size:
+        _dump_threads("simulated ranks did not finish")
+        raise SimulationError(f"simulated ranks did not finish within {limit:g} s (ranks "
+                              f"{sorted(set(range(meeting.world_size)) - set(finished))} did "
+                              "not)")
     return results
 
 
