@@ -100,7 +100,7 @@ class _Meeting:
             peers = waiting_for() if callable(waiting_for) else waiting_for
             where = [_where(self.threads.get(peer), frames=16) for peer in peers]
             cpu = {peer: _cpu_seconds(self.threads.get(peer)) for peer in peers}
-            computed = any(cpu[p] is not None and p in seen_cpu and seen_cpu[p] is not None
+            computed = any(None not in (cpu[p], seen_cpu.get(p))
                            and cpu[p] - seen_cpu[p] >= CPU_PROGRESS * poll for p in peers)
             if where != seen or computed:  # a late peer moved or computed: not hung
                 idle_since = now
@@ -108,7 +108,7 @@ class _Meeting:
             if now - idle_since >= self.timeout or now - start >= PROGRESS_CAP * self.timeout:
                 late = "".join(
                     f"; rank {peer} is at {_where(self.threads.get(peer))} (its thread's CPU "
-                    f"time: {_cpu_seconds(self.threads.get(peer))} s)" for peer in peers)
+                    f"time: {cpu[peer]} s)" for peer in peers)
                 _dump_threads(f"simulated rank {rank}: {what} gives up waiting")
                 raise SimulationError(
                     f"simulated rank {rank}: {what} waited {now - start:.0f} s for its peers, "
