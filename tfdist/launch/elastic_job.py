@@ -149,12 +149,15 @@ def _kept(channel):
 def _wait_for_slots(members, poller, timeout, decision):
     """Poll the discovery until `min_np` slots are usable or `timeout` seconds passed (or the
     launcher is told to stop: no process runs, so nothing else would hear it)."""
-    say(f"{decision.why}: waiting up to {timeout:g} s (--elastic-timeout) for the discovery "
-        "script to report more")
+    # The stop signals are ours before the line that says the launcher waits: a SIGTERM sent
+    # on reading it must end the wait (it went to the process group's relay, which had no
+    # process to stop, and the wait ran its whole timeout).
     stopped = []
     previous = {signum: signal.signal(signum, lambda number, _frame: stopped.append(number))
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
+        say(f"{decision.why}: waiting up to {timeout:g} s (--elastic-timeout) for the "
+            "discovery script to report more")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not stopped:
             time.sleep(host_discovery.INTERVAL_SECONDS / 2)
