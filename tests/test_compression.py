@@ -79,7 +79,7 @@ def test_the_compressors_run_on_horovod_as_on_tensorflow_collectives(ranks, tmp_
     names = ("plain", "powersgd", "topk", "signsgd")
     done = horovodrun(2, [script("compressed_training.py"), str(tmp_path), ",".join(names)])
     assert done.returncode == 0, failure_report(done)
-    assert "aggregator ring on horovod, compression signsgd" in done.stdout + done.stderr
+    assert "aggregator ring on horovod-gloo, compression signsgd" in done.stdout + done.stderr
     horovod = [np.load(tmp_path / f"compressed.rank{r}.npz") for r in range(2)]
     for name in names:
         np.testing.assert_array_equal(horovod[1][f"{name}_weights"], horovod[0][f"{name}_weights"])

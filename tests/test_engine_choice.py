@@ -49,15 +49,19 @@ def test_the_fastest_available_engine_is_chosen_and_the_faster_ones_named(
         HOROVOD_GLOO, 4 * MiB) < 1  # as measured; the cases below rely on that order
     available = engine_choice.available_engines(launched, transport)
     engine, why = engine_choice.choose(available, 4 * MiB)
+    faster = engine_choice.faster_engines(available, 4 * MiB)
     assert engine == expected
-    assert why.startswith(f"{expected}, the fastest engine this job can run at 4 MiB buckets")
     if expected == COLLECTIVE:
-        assert f"faster: horovod-mpi ({mpi}; needs Horovod built with MPI" in why
-        assert f"horovod-gloo ({gloo}; needs Horovod and a start by horovodrun" in why
+        assert why == "the one engine this job can run"
+        assert f"horovod-mpi ({mpi}; needs Horovod built with MPI" in faster
+        assert f"horovod-gloo ({gloo}; needs Horovod and a start by horovodrun" in faster
     elif expected == HOROVOD_GLOO:
-        assert f"(measured {gloo}" in why and f"faster: horovod-mpi ({mpi}" in why
+        assert why == (f"the fastest engine this job can run, {gloo} TensorFlow's ring time at "
+                       "4 MiB buckets")
+        assert faster.startswith(f"horovod-mpi ({mpi}") and "gloo" not in faster
     else:
-        assert f"(measured {mpi}" in why and "faster" not in why
+        assert why.startswith(f"the fastest engine this job can run, {mpi}")
+        assert faster == ""
 
 
 @pytest.mark.parametrize("controller, backend", [(None, "collective"), ("gloo", "horovod"),
@@ -69,7 +73,7 @@ def test_resolve_backend_auto_follows_the_launcher(monkeypatch, controller, back
     monkeypatch.setattr(runtime, "horovod_controller", lambda: controller)
     monkeypatch.setattr(ring, "horovod_available", lambda: True)
     chosen, why = ring.resolve_backend("auto", 4 * MiB)
-    assert chosen == backend and why
+    assert chosen == backend and (why is None) == (controller is None)  # one engine: no choice
     assert ring.resolve_backend("collective") == ("collective", None)
     monkeypatch.setattr(ring, "horovod_available", lambda: False)  # launched, not installed
     assert ring.resolve_backend("auto")[0] == "collective"

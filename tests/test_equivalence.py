@@ -39,6 +39,11 @@ def runs(tmp_path_factory, one_process_run):
                                       *OPTIONS_BY_WORLD.get(world, ())],
                               timeout=900, extra_env=env)
             assert done.returncode == 0, failure_report(done)
+            output = done.stdout + done.stderr
+            # the chief's start-up lines, once per job; no "not distributed" notice
+            assert output.count(f"tfdist: RingAllReduceStrategy on {world} processes launched "
+                                "by tfdist-run: aggregator ring on") == 1, output[-3000:]
+            assert f"per process x {world}" in output and "ran independently" not in output
             buckets = [int(n) for n in re.findall(r"gradient buckets per step: (\d+)",
                                                   done.stdout)]
             if world in OPTIONS_BY_WORLD:

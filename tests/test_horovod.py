@@ -54,8 +54,8 @@ def test_auto_backend_picks_horovod_under_horovodrun(reference, tmp_path):
     launcher makes available, said in the chief's start-up line; 3 processes match one."""
     done, ranks = train(horovodrun, 3, str(tmp_path / "run"))
     assert "backend horovod" in done.stdout
-    assert ("backend 'auto': horovod-gloo, the fastest engine this job can run"
-            in done.stdout + done.stderr), failure_report(done)
+    assert ("aggregator ring on horovod-gloo (backend 'auto': the fastest engine this job can "
+            "run" in done.stdout + done.stderr), failure_report(done)
     assert max_abs_difference(reference, ranks[0]) <= TOLERANCE
     for other in ranks[1:]:
         assert max_abs_difference(ranks[0], other) <= 1e-6

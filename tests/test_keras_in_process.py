@@ -194,3 +194,62 @@ def test_every_real_world_case_has_a_tier():
              set(REAL_WORLD_TEST_ALL_ONLY))
     assert set.union(*tiers) == set(real_world.CASES)
     assert sum(len(t) for t in tiers) == len(real_world.CASES)  # disjoint
+
+
+def _tiny_model():
+    import keras  # pylint: disable=import-outside-toplevel
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_a_model_built_outside_the_scope_is_refused_at_fit_not_trained_alone():
+    """The strategy line added, the model left outside `strategy.scope()`: Keras would train a
+    copy per rank, silently; `fit` and `train_on_batch` refuse, naming the rank and the scope.
+    A plain script (no strategy in this thread) is untouched."""
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
+
+    def rank_fn(rank):
+        tfdist.strategies.RingAllReduceStrategy()
+        model = _tiny_model()
+        messages = []
+        for call in (lambda: model.fit(x, y, batch_size=4, verbose=0),
+                     lambda: model.train_on_batch(x, y)):
+            with pytest.raises(tfdist.errors.NotDistributedError) as refused:
+                call()
+            messages.append(str(refused.value))
+        model.predict(x, verbose=0)  # inference on one rank's own model stays allowed
+        return messages
+
+    for rank, messages in enumerate(simulate_processes(2, rank_fn)):
+        assert "`fit` would train it on this process alone" in messages[0]
+        assert f"RingAllReduceStrategy (rank {rank} of 2 processes)" in messages[0]
+        assert "with strategy.scope():" in messages[0]
+        assert "`train_on_batch` would train it" in messages[1]
+    history = _tiny_model().fit(x, y, batch_size=4, verbose=0)  # this thread: no strategy
+    assert len(history.history["loss"]) == 1
+
+
+def test_the_chief_states_the_job_and_the_batch_split_once(capsys, monkeypatch):
+    """One start-up line for the job (rank 0's), and at fit how the global batch is split."""
+    from tfdist import chief_log  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(chief_log, "_said_once", set())  # "once per process": from here
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
+
+    def rank_fn(rank):
+        strategy = tfdist.strategies.RingAllReduceStrategy()
+        with strategy.scope():
+            model = _tiny_model()
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        return rank
+
+    simulate_processes(3, rank_fn)
+    err = capsys.readouterr().err
+    assert err.count("tfdist: RingAllReduceStrategy on 3 processes launched by simulated: "
+                     "aggregator ring on simulated, compression none; CPU only") == 1, err
+    assert err.count("tfdist: global batch 8 = 2-3 per process x 3 (uneven slices are "
+                     "weighted by their rows: exact); fit's batch_size is the global "
+                     "batch") == 1, err

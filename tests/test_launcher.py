@@ -44,11 +44,16 @@ def test_every_rank_gets_its_environment_and_prefix():
         assert env["TFDIST_TIMEOUT"] == "120"
         assert len(env["TFDIST_WORKER_ADDRESSES"].split(",")) == 3
     assert len({e["TFDIST_WORKER_ADDRESSES"] for e in envs.values()}) == 1
+    # No rank created a tfdist strategy: the launcher says the processes ran independently.
+    assert ("tfdist-run: none of the 3 processes created a tfdist strategy, so they ran "
+            "independently") in result.stderr, result.stderr
+    assert "strategy.scope()" in result.stderr
 
 
 def test_single_process():
     result = tfdist_run(1, [script("launcher_probe.py"), "env"], timeout=60)
     assert result.returncode == 0
+    assert "ran independently" not in result.stderr  # one process: nothing to distribute
     assert json.loads(result.stdout.split(" ", 1)[1])["TFDIST_WORLD_SIZE"] == "1"
 
 

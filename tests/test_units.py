@@ -273,3 +273,31 @@ def test_bad_command_lines_are_usage_errors(argv, message, capsys):
         cli.main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("batch, world, per_rank_input, said", [
+    (128, 2, False, "global batch 128 = 64 per process x 2; fit's batch_size is the global batch"),
+    (100, 3, False, "global batch 100 = 33-34 per process x 3 (uneven slices are weighted"),
+    (2, 4, False, "global batch 2 = 0-1 per process x 4 (uneven"),
+    (64, 2, True, "batch 64 per process x 2 = 128 rows per step (each process feeds its own"),
+])
+def test_the_batch_split_is_said_in_words(batch, world, per_rank_input, said):
+    from tfdist.strategies import sharding  # pylint: disable=import-outside-toplevel
+
+    assert sharding.describe_split(batch, world, per_rank_input).startswith(said)
+    assert sum(sharding.slice_rows(batch, r, world) for r in range(world)) == batch
+
+
+def test_a_missing_tensorflow_names_the_install_extra(monkeypatch):
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    from tfdist import versions  # pylint: disable=import-outside-toplevel
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorflow" else real_find_spec(name, *a))
+    with pytest.raises(ModuleNotFoundError) as missing:
+        versions.require_tensorflow()
+    assert missing.value.name == "tensorflow"
+    assert "no 'tensorflow' module" in str(missing.value)
+    assert "tfdist[cpu]" in str(missing.value) and "tfdist[tf]" in str(missing.value)

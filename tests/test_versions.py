@@ -21,7 +21,8 @@ def test_versions_are_read_as_major_minor(version, parsed):
 
 @pytest.mark.parametrize("module, version", [
     ("keras", "3.14.0"), ("keras", "3.15.1"), ("keras", "3.16.0.dev2026102704"),
-    ("keras", "3.16.2"), ("tensorflow", "2.18.1"), ("tensorflow", "2.21.0")])
+    ("keras", "3.16.2"), ("tensorflow", "2.18.1"), ("tensorflow", "2.21.0"),
+    ("tensorflow", "2.22.0rc0"), ("tensorflow", "2.22.0")])
 def test_supported_versions_pass(module, version, monkeypatch):
     monkeypatch.delenv("TFDIST_ALLOW_UNTESTED_VERSIONS", raising=False)
     versions.refuse_unsupported(module, version)
@@ -30,8 +31,9 @@ def test_supported_versions_pass(module, version, monkeypatch):
 @pytest.mark.parametrize("module, version, named", [
     ("keras", "3.12.4", "Keras 3.14 to 3.16"), ("keras", "3.13.2", "Keras 3.14 to 3.16"),
     ("keras", "3.17.0.dev2027010100", "Keras 3.14 to 3.16"), ("keras", "3.5.0", "Keras 3.14 to 3.16"),
-    ("tensorflow", "2.17.1", "TensorFlow 2.18 to 2.21"),
-    ("tensorflow", "2.22.0", "TensorFlow 2.18 to 2.21")])
+    ("tensorflow", "2.17.1", "TensorFlow 2.18 to 2.22"),
+    ("tensorflow", "2.23.0", "TensorFlow 2.18 to 2.22"),
+    ("tensorflow", "2.23.0rc0", "TensorFlow 2.18 to 2.22")])
 def test_a_version_outside_the_range_is_refused_naming_the_range(module, version, named,
                                                                    monkeypatch):
     monkeypatch.delenv("TFDIST_ALLOW_UNTESTED_VERSIONS", raising=False)

@@ -16,6 +16,10 @@ whether any pays on a given network: `tfdist.aggregation.recommend`, and the
 docs/compression.md (measured: on a fast network none does).
 """
 
+from tfdist import versions as _versions
+
+_versions.require_tensorflow()  # missing: an error that names the install extra
+
 from tfdist.aggregation.compression import Compressor
 from tfdist.aggregation.compression import FP16Compression as FP16
 from tfdist.aggregation.powersgd import PowerSGD

@@ -171,6 +171,12 @@ ELASTIC_DIR = _declare(
     "step, the chief's last backup position (`tfdist.fault_tolerance.elastic_channel`).",
     _PROCESS)
 
+JOINED_DIR = _declare(
+    "JOINED_DIR", "path", "", BY_LAUNCHER,
+    "Where each rank notes that it joined a multi-process tfdist strategy, so that tfdist-run "
+    "can say at the end of a job in which none did that its processes ran independently "
+    "(`tfdist.process_setup.joined_strategy`).", _PROCESS)
+
 # ------------------------------------------------------------------- other launchers
 _CLUSTER = "Where peers are found (srun, Kubernetes, any launcher)"
 HOST = _declare(

@@ -20,6 +20,16 @@ class ClusterError(RuntimeError):
     """
 
 
+class NotDistributedError(ValueError):
+    """A model about to train on this process alone in a multi-process job.
+
+    Raised by `fit` (and `train_on_batch`) for a model created outside the
+    scope of the tfdist strategy the process created: Keras would train it
+    locally, and the job's processes would train independent copies. The
+    message says to create the model under `strategy.scope()`.
+    """
+
+
 class Preempted(Exception):
     """Every rank backed up at the step they agreed on after a preemption notice.
 

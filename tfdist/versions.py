@@ -1,8 +1,9 @@
 """The Keras and TensorFlow versions tfdist supports, and the refusal of any other.
 
 Supported: Keras 3.14 through 3.16 (3.16's development builds, `keras-nightly`,
-included; the build the tests pin is in `constraints-dev.txt`) and
-TensorFlow 2.18 through 2.21, as `pyproject.toml` declares. tfdist patches
+included; the builds the tests pin are in `constraints-compat.txt`) and
+TensorFlow 2.18 through 2.22 (2.22's release candidate included: it brings
+the Keras 3.16 development build), as `pyproject.toml` declares. tfdist patches
 Keras internals (`tfdist.strategies.keras_patches`) whose behaviour differs
 between minor versions - Keras 3.12 and 3.13 do not divide activity-regularizer
 losses by the batch size as 3.14 does, which tfdist's loss weighting reads -
@@ -25,7 +26,7 @@ from tfdist import env_vars
 # [lowest, highest) major.minor, as pyproject.toml's dependencies say.
 SUPPORTED = {
     "keras": ((3, 14), (3, 17)),
-    "tensorflow": ((2, 18), (2, 22)),
+    "tensorflow": ((2, 18), (2, 23)),
 }
 # The distributions that install each module (development builds have their own names).
 DISTRIBUTIONS = {
@@ -35,7 +36,32 @@ DISTRIBUTIONS = {
 }
 _warned = set()  # (module, version) already warned about
 
-PIP_REQUIREMENT = {"keras": "keras>=3.14,<3.17", "tensorflow": "tensorflow>=2.18,<2.22"}
+PIP_REQUIREMENT = {"keras": "keras>=3.14,<3.17", "tensorflow": "tensorflow>=2.18,<2.23"}
+
+
+INSTALL_HINT = ("Install tfdist with the extra that brings TensorFlow: pip install "
+                "'/path/to/tfdist[cpu]' (tensorflow-cpu) or '/path/to/tfdist[tf]' (tensorflow, "
+                "with GPU support), from a clone or as 'tfdist[cpu] @ git+URL'; or install "
+                "TensorFlow yourself: pip install 'tensorflow>=2.18,<2.23'.")
+
+
+def require_tensorflow() -> None:
+    """A `ModuleNotFoundError` that names the install extra when TensorFlow or Keras is missing.
+
+    `import tfdist` and the launcher need neither; everything that trains
+    does, and a bare "No module named 'tensorflow'" does not say that
+    tfdist installs TensorFlow only through an extra.
+    """
+    for module in ("tensorflow", "keras"):
+        try:
+            missing = importlib.util.find_spec(module) is None
+        except (ImportError, ValueError):
+            missing = True
+        if missing:
+            raise ModuleNotFoundError(
+                f"tfdist needs TensorFlow {describe_range('tensorflow')} with Keras "
+                f"{describe_range('keras')}, and this Python has no {module!r} module. "
+                + INSTALL_HINT, name=module)
 
 
 class UnsupportedVersion(ImportError):

@@ -1,6 +1,10 @@
 """Gradient-aggregation algorithms: one module each, one interface (`Aggregator`, a
 communication hook that receives `Bucket`s and owns its cost model)."""
 
+from tfdist import versions as _versions
+
+_versions.require_tensorflow()  # missing: an error that names the install extra
+
 from tfdist.aggregation.base import (EXACT, GRADIENT, GRADIENTS, ROLES, ROWS, STATE, Aggregator,
                                      Bucket)
 from tfdist.aggregation.cost_model import predict_all_reduce_seconds

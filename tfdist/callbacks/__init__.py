@@ -9,6 +9,10 @@ it from the (global) logs only: with only such callbacks, Keras' loop reads
 `stop_training` without exchanging it between ranks after every batch.
 """
 
+from tfdist import versions as _versions
+
+_versions.require_tensorflow()  # missing: an error that names the install extra
+
 from tfdist.callbacks.communication_monitor import CommunicationMonitor
 from tfdist.callbacks.learning_rate_scaling import LearningRateScaling
 from tfdist.callbacks.learning_rate_schedule import LearningRateSchedule

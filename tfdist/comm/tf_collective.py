@@ -45,6 +45,7 @@ Failure handling, all bounded by the job timeout (`tfdist.comm.liveness`):
   (peers alive but out of step: different data, a rank stuck elsewhere).
 """
 
+import contextlib
 import functools
 import math
 import time
@@ -58,6 +59,7 @@ from tfdist.comm.liveness import PeerMonitor
 from tfdist.comm.ports import port_is_free
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
+from tfdist.process_setup import quiet_output
 
 WORLD_GROUP_KEY = 1
 FIRST_PAIR_GROUP_KEY = 1000  # group keys of the two-rank groups used for point-to-point
@@ -169,7 +171,10 @@ class CollectiveCommunicator(Communicator):
                 "in use (another job, or a stale process?)."
             )
         try:
-            _tf.start_collective_server(self.addresses, self.rank)
+            # gRPC's "Started server" line is a start-up notice: held and left out
+            with contextlib.nullcontext() if quiet_output.verbose() else \
+                    quiet_output.without_startup_notices():
+                _tf.start_collective_server(self.addresses, self.rank)
         except Exception as e:  # TF raises bare UnknownError/RuntimeError here
             if "at program startup" in str(e):
                 raise ClusterError(

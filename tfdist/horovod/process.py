@@ -31,7 +31,7 @@ import threading
 
 import tensorflow as tf
 
-from tfdist import chief_log, runtime
+from tfdist import runtime
 from tfdist.env_vars import Foreign
 from tfdist.process_setup import gpu_placement
 
@@ -60,7 +60,7 @@ def init(comm=None, process_sets=None):
         # pylint: disable-next=import-outside-toplevel
         from tfdist.strategies.ring import RingAllReduceStrategy
 
-        cluster = runtime.cluster()  # places the GPU before TensorFlow's runtime starts
+        runtime.cluster()  # places the GPU before TensorFlow's runtime starts
         _every_gpu_grows()
         options = {}
         fusion = Foreign.HOROVOD_FUSION_THRESHOLD.get()
@@ -69,8 +69,6 @@ def init(comm=None, process_sets=None):
         strategy = RingAllReduceStrategy(backend="auto", per_rank_input=True, **options)
         tf.distribute.experimental_set_strategy(strategy)
         _strategy[0] = strategy
-        chief_log.info(cluster.is_chief, "tfdist.horovod: %d process(es), each feeding its own "
-                       "batches; gradients averaged on %s", cluster.world_size, strategy.backend)
 
 
 def _every_gpu_grows():

@@ -36,13 +36,16 @@ succeeded, merges them into one timeline (`tfdist.profiling.timeline`).
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from tfdist.env_vars import Foreign
 from tfdist import env_vars
 from tfdist.fault_tolerance import restarts
 from tfdist.process_setup import cluster as cluster_lib
+from tfdist.process_setup import joined_strategy
 from tfdist.comm import ports as ports_lib
 from tfdist.launch import elastic_job, gloo_rendezvous_server, processes
 from tfdist.launch.output_filter import OutputFilter
@@ -303,15 +306,25 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
             horovod_envs = [{} for _ in envs]
         for (_, env), extra in zip(envs, horovod_envs):
             env.update(extra)
+    joined_dir = tempfile.mkdtemp(prefix="tfdist-joined-")
     try:
-        for label, env in envs:
-            group.start(label, args.command, env)
-    except OSError as e:
-        print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
-        group.terminate_all()
-        return 127, None
-    return group.wait(workers=[str(r) for r in range(num_proc)],
-                      keep_going=args.keep_going, on_poll=on_poll), group
+        for _, env in envs:
+            env[env_vars.JOINED_DIR.name] = joined_dir
+        try:
+            for label, env in envs:
+                group.start(label, args.command, env)
+        except OSError as e:
+            print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
+            group.terminate_all()
+            return 127, None
+        code = group.wait(workers=[str(r) for r in range(num_proc)],
+                          keep_going=args.keep_going, on_poll=on_poll)
+        if code == 0 and num_proc > 1 and not joined_strategy.any_joined(joined_dir):
+            print(joined_strategy.independent_processes_notice(num_proc), file=sys.stderr,
+                  flush=True)
+        return code, group
+    finally:
+        shutil.rmtree(joined_dir, ignore_errors=True)
 
 
 def merge_timeline(log_dir, steps):

@@ -37,7 +37,7 @@ float64 at 3 processes with one thread each equals one process to 1.8e-16.
 import os
 
 from tfdist.env_vars import Foreign
-from tfdist import chief_log, env_vars
+from tfdist import env_vars
 
 ENV_INTRA_OP_THREADS = env_vars.INTRA_OP_THREADS.name
 
@@ -94,7 +94,13 @@ def share_cpus(cluster):
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     except RuntimeError:  # TensorFlow's runtime already started: its pools exist
         return None
-    chief_log.info(cluster.is_chief, "tfdist: %d processes share this host's %d CPUs: %d "
-                   "intra-op thread(s) each (%s=0 keeps TensorFlow's default)",
-                   cluster.local_size, usable_cpus(), threads, ENV_INTRA_OP_THREADS, once=True)
+    _threads_set[0] = threads  # the strategy's start-up line says it (`threads_set`)
     return threads
+
+
+_threads_set = [None]
+
+
+def threads_set():
+    """The intra-op threads `share_cpus` set in this process, or None (TensorFlow's default)."""
+    return _threads_set[0]

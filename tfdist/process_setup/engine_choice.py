@@ -20,8 +20,9 @@ file's summary, so a re-run that changes the order changes the choice).
 Both Horovod engines are faster than the gRPC ring at every size measured
 (MPI 0.22-0.49x, Gloo 0.47-0.67x on 2026-11-27), so "auto" takes Horovod whenever the
 launcher gave Horovod its peers; it cannot start Horovod for a launcher that
-did not (srun, TF_CONFIG, Ray, Kubernetes: no rendezvous for Gloo), and says
-at start-up which engine it took and what the faster ones would need.
+did not (srun, TF_CONFIG, Ray, Kubernetes: no rendezvous for Gloo). The
+strategy's start-up line says which engine it took and why; with
+TFDIST_VERBOSE=1 also what the faster ones would need (`faster_engines`).
 
 Cost: a table lookup at strategy construction; nothing per step.
 """
@@ -69,19 +70,24 @@ def available_engines(launched_with_horovod: bool, horovod_controller: str) -> T
 
 
 def choose(available: Iterable[str], nbytes: int) -> Tuple[str, str]:
-    """(engine, the start-up line's reason): the available engine of least measured time
-    for a bucket of `nbytes`."""
+    """(engine, why): the available engine of least measured time for a bucket of `nbytes`, and
+    the reason the strategy's start-up line gives for it."""
     available = tuple(available)
     engine = min(available, key=lambda e: relative_time(e, nbytes))
-    size = f"{nbytes / 2**20:g} MiB"
+    if len(available) == 1:
+        return engine, "the one engine this job can run"
+    return engine, (f"the fastest engine this job can run, {relative_time(engine, nbytes):.2f}x "
+                    f"TensorFlow's ring time at {nbytes / 2**20:g} MiB buckets")
+
+
+def faster_engines(available: Iterable[str], nbytes: int) -> str:
+    """The measured engines faster than `choose`'s that this job cannot run, and what each
+    needs ("" if none): said at start-up with TFDIST_VERBOSE=1, and in docs/strategies.md."""
+    available = tuple(available)
+    chosen = relative_time(choose(available, nbytes)[0], nbytes)
     faster = [e for e in MEASURED_OVER_TF_RING
-              if e not in available and relative_time(e, nbytes) < relative_time(engine, nbytes)]
-    reason = (f"{engine}, the fastest engine this job can run at {size} buckets "
-              f"(measured {relative_time(engine, nbytes):.2f}x TensorFlow's ring time)")
-    if faster:
-        reason += "; faster: " + ", ".join(
-            f"{e} ({relative_time(e, nbytes):.2f}x; needs {NEEDS[e]})" for e in faster)
-    return engine, reason
+              if e not in available and relative_time(e, nbytes) < chosen]
+    return ", ".join(f"{e} ({relative_time(e, nbytes):.2f}x; needs {NEEDS[e]})" for e in faster)
 
 
 def backend_of(engine: str) -> str:

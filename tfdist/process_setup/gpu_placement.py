@@ -126,7 +126,8 @@ def turned_off() -> bool:
 
 def place(cluster) -> Optional[Placement]:
     """Choose and apply this process's placement (before TensorFlow's runtime starts); print
-    the start-up line. None when `TFDIST_GPU_PLACEMENT=off`."""
+    which GPU it computes on where the machine has GPUs (a rank's line each: they differ; on
+    a CPU-only machine the strategy's one line says so). None when `TFDIST_GPU_PLACEMENT=off`."""
     if turned_off():
         return None
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -142,8 +143,19 @@ def place(cluster) -> Optional[Placement]:
         tf.config.set_visible_devices(chosen, "GPU")
         for gpu in chosen:
             tf.config.experimental.set_memory_growth(gpu, True)
+    _placed[0] = placement
+    if not physical:  # a CPU-only machine: the strategy's start-up line says "CPU"
+        return placement
     who = (f"server {cluster.server_index}" if cluster.is_server else f"rank {cluster.rank}")
     device = ("the CPU" if placement.gpu is None
               else f"GPU {placement.gpu} ({physical[placement.gpu].name})")
     print(f"tfdist: {who} computes on {device}: {placement.why}", flush=True)
     return placement
+
+
+_placed = [None]
+
+
+def placed() -> Optional[Placement]:
+    """This process's placement (`place`'s), or None when none was made."""
+    return _placed[0]

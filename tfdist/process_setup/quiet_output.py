@@ -25,8 +25,11 @@ quiet:
    warning that only another rank raises (its slice ran out of data) is not
    shown - tfdist-run's filter, which sees every rank's output, shows it.
 
-Nothing changes under tfdist-run (its filter does this across ranks), for a
-single process, or with TFDIST_VERBOSE=1. Cost: one environment check at
+A single process started without a launcher (`python train.py`, tfdist
+imported before TensorFlow) gets 1. without the log level: TensorFlow prints
+those notices twice there (once per shared library), and they say nothing
+about the job. Nothing changes under tfdist-run (its filter does this across
+ranks) or with TFDIST_VERBOSE=1 (or TF_CPP_MIN_LOG_LEVEL=0). Cost: one environment check at
 import, TensorFlow's import output held until the import returns (what the
 process prints on stderr while importing TensorFlow is lost if the process
 dies inside that import), and one warnings filter per process.
@@ -72,15 +75,36 @@ def before_tensorflow(environ=None, modules=None, meta_path=None):
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
     meta_path = sys.meta_path if meta_path is None else meta_path
-    if "tensorflow" in modules or verbose(environ) or not _unfiltered_job(environ):
+    if "tensorflow" in modules or verbose(environ):
+        return False
+    if _single_process(environ):  # no level changed: only the notices held and left out
+        if Foreign.TF_CPP_MIN_LOG_LEVEL.get(environ) != "0":
+            _hold_import(meta_path)
+        return False
+    if not _unfiltered_job(environ):
         return False
     level_set = not Foreign.TF_CPP_MIN_LOG_LEVEL.is_set(environ)
     if level_set:
         environ[Foreign.TF_CPP_MIN_LOG_LEVEL.name] = "1"
-    if environ[Foreign.TF_CPP_MIN_LOG_LEVEL.name] != "0" and not any(
-            isinstance(finder, NoticeFreeImport) for finder in meta_path):
-        meta_path.insert(0, NoticeFreeImport("tensorflow", meta_path))
+    if environ[Foreign.TF_CPP_MIN_LOG_LEVEL.name] != "0":
+        _hold_import(meta_path)
     return level_set
+
+
+def _hold_import(meta_path):
+    if not any(isinstance(finder, NoticeFreeImport) for finder in meta_path):
+        meta_path.insert(0, NoticeFreeImport("tensorflow", meta_path))
+
+
+def _single_process(environ):
+    """A plain `python train.py`: no launcher's environment (one process, not a server)."""
+    from tfdist.process_setup import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
+
+    try:
+        spec = cluster_lib.discover(environ)
+    except ValueError:
+        return False
+    return spec.world_size == 1 and not spec.is_server and spec.launcher == "single"
 
 
 class NoticeFreeImport(importlib.abc.MetaPathFinder):

@@ -6,7 +6,9 @@ warning, the oneDNN notice ("oneDNN custom operations are on", info level,
 printed once by each of TensorFlow's two shared libraries, each with absl's
 warning, on CPUs where TensorFlow turns oneDNN on: AVX-512 VNNI or BF16, or
 TF_ENABLE_ONEDNN_OPTS=1), the CPU-instruction notice (`cpu_feature_guard`),
-CUDA plug-in registration messages on a machine without a GPU, and in
+CUDA plug-in registration messages on a machine without a GPU, gRPC's
+"Started server with target" when a rank starts TensorFlow's collective
+server (its own port, nothing the user can act on), and in
 parameter-server processes an error-level "oneDNN supports DT_HALF only on
 platforms with AVX-512" that reports nothing wrong. None says anything about
 the user's job. `NoticeDropper` recognizes them, line by line; tfdist-run's
@@ -28,6 +30,7 @@ STARTUP_NOISE = (
     (re.compile(_LOG + r"cudart_stub\.cc:\d+\] Could not find cuda drivers"), None),
     (re.compile(_LOG + r"computation_placer\.cc:\d+\] computation placer already registered"),
      None),
+    (re.compile(_LOG + r"grpc_server_lib\.cc:\d+\] Started server with target: grpc://"), None),
 )
 
 

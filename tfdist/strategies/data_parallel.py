@@ -49,9 +49,11 @@ from tfdist.profiling.counters import CommunicationCounters
 from tfdist.profiling.names import communication_scope
 from tfdist.strategies import average_loss, call_arguments, rank_state, save_records
 from tfdist.strategies import keras_patches
-from tfdist.strategies.keras_patches import data as keras_data, empty_slices
+from tfdist.strategies.keras_patches import empty_slices
 from tfdist.strategies.keras_patches import steps as keras_steps
-from tfdist.strategies import empty_slice, replica_step, step_plan
+from tfdist.strategies.keras_patches import model_strategy
+from tfdist.process_setup import joined_strategy
+from tfdist.strategies import empty_slice, job_summary, replica_step, step_plan
 from tfdist.fault_tolerance.agreed_flags import AgreedFlags
 from tfdist.strategies.batch_dependence import BatchLineage
 from tfdist.fault_tolerance.checkpoint_files import install_private_checkpoint_writes
@@ -645,6 +647,8 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
             rank's together (weighted by rows, so equal to one process on the concatenated
             batches), nothing is sliced, predictions stay on their rank. Default False:
             every rank passes the same global data and takes its slice.
+        engine_reason: why the engine was chosen, for the start-up line
+            (`RingAllReduceStrategy(backend="auto")` gives it).
 
     Example:
 
@@ -661,14 +665,15 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     extended_class = DataParallelExtended  # what `strategy.extended` is
 
     def __init__(self, make_aggregator, engine="collective", engine_options=None,
-                 compression=None, per_rank_input=False):
+                 compression=None, per_rank_input=False, engine_reason=None):
         keras_patches.install()
         extended = self.extended_class(self, make_aggregator, engine, engine_options or {},
                                        compression, per_rank_input)
         # Bypass OneDeviceStrategy.__init__ (it builds its own extended object).
         super(_tf.OneDeviceStrategy, self).__init__(extended)  # pylint: disable=bad-super-call
         if self.world_size > 1:
-            keras_data.note_multi_process_strategy()
+            model_strategy.note_multi_process_strategy(self)
+            joined_strategy.note_joined(self.rank)
             install_private_checkpoint_writes()
             average_loss.install(lambda step: step.scaled_by_user)
             if not extended.per_rank_input:
@@ -676,12 +681,8 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
                 # rank; per-rank input keeps each rank's own (Horovod's ranks shuffle apart).
                 align_random_state(extended.communicator)
             extended.save_log = save_records.JobSaveLog.agreed(extended.communicator)
-        chief_log.info(
-            self.is_chief,
-            "tfdist %s: %d process(es), aggregator %s on %s, compression %s, launched by %s",
-            type(self).__name__, self.world_size, extended.aggregator.name, engine,
-            extended.compression_name,
-            extended._cluster.launcher)  # pylint: disable=protected-access
+        chief_log.info(self.is_chief, "%s", job_summary.start_up_line(self, engine_reason),
+                       once=True)
 
     @property
     def rank(self):

@@ -1,6 +1,6 @@
 """`RingAllReduceStrategy`: gradients summed with a ring all-reduce."""
 
-from tfdist import chief_log, runtime
+from tfdist import env_vars, runtime
 from tfdist.process_setup import engine_choice
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
@@ -13,7 +13,8 @@ BACKENDS = ("auto", "horovod", "collective")
 
 
 def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
-    """(backend, why) for `backend`; why is None unless "auto" chose.
+    """(backend, why) for `backend`; why is None unless "auto" chose among engines (or, with
+    TFDIST_VERBOSE=1, there are faster ones this job cannot run).
 
     "auto" is the fastest engine the job can run at buckets of `bucket_bytes`
     (`tfdist.process_setup.engine_choice`): Horovod on MPI or Gloo when its launcher gave
@@ -25,9 +26,14 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     if backend != "auto":
         return backend, None
     controller = runtime.horovod_controller() if horovod_available() else None
-    engine, why = engine_choice.choose(
-        engine_choice.available_engines(controller is not None, controller or ""), bucket_bytes)
-    return engine_choice.backend_of(engine), why
+    available = engine_choice.available_engines(controller is not None, controller or "")
+    engine, why = engine_choice.choose(available, bucket_bytes)
+    reasons = [why] if len(available) > 1 else []  # one engine: nothing was chosen
+    faster = engine_choice.faster_engines(available, bucket_bytes)
+    if faster and env_vars.VERBOSE.flag():
+        reasons.append(f"faster: {faster}")
+    return (engine_choice.backend_of(engine),
+            "backend 'auto': " + "; ".join(reasons) if reasons else None)
 
 
 class RingAllReduceStrategy(DataParallelStrategy):
@@ -101,11 +107,8 @@ class RingAllReduceStrategy(DataParallelStrategy):
             lambda communicator: RingAllReduceAggregator(
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
-            per_rank_input=per_rank_input,
+            per_rank_input=per_rank_input, engine_reason=why,
         )
-        if why is not None:
-            chief_log.info(self.is_chief, "tfdist RingAllReduceStrategy: backend 'auto': %s",
-                           why, once=True)
         if shard_optimizer_state:
             check_shardable_compression(self.extended.compression_name, self.rank)
             self.extended.shard_optimizer_state = True

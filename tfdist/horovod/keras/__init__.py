@@ -24,6 +24,10 @@ the docs' "Migrating from Horovod" for what differs and the step to a
 tfdist strategy (global batch, uneven data, exact resume).
 """
 
+from tfdist import versions as _versions
+
+_versions.require_tensorflow()  # missing: an error that names the install extra
+
 from tfdist.horovod.collectives import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,
                                         add_process_set, allgather, allreduce, broadcast,
                                         broadcast_global_variables, broadcast_variables,

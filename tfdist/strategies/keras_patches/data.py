@@ -16,15 +16,19 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tfdist import errors
+from tfdist import chief_log, errors
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
-from tfdist.strategies import call_arguments
+from tfdist.strategies import call_arguments, sharding
 from tfdist.strategies.keras_patches import backup, fit_session
 from tfdist.strategies.data_fingerprint import array_fingerprint
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, GeneratorDataAdapter,
                                                               TFEpochIterator)
-from tfdist.strategies.keras_patches.model_strategy import is_tfdist_strategy, tfdist_strategy
+from tfdist.strategies.keras_patches.model_strategy import (any_multi_process_strategy,
+                                                             latest_data_batch_size,
+                                                             is_tfdist_strategy,
+                                                             refuse_training_outside_scope,
+                                                             tfdist_strategy)
 from tfdist.strategies.keras_patches import patch_points
 
 
@@ -151,8 +155,10 @@ def _install_on_batch_sharding():
     for method_name in ("train_on_batch", "test_on_batch", "predict_on_batch"):
         original = getattr(keras.Model, method_name)
 
-        def on_batch(self, *args, _original=original, **kwargs):
+        def on_batch(self, *args, _original=original, _method_name=method_name, **kwargs):
             strategy = tfdist_strategy(self)
+            if strategy is None and _method_name == "train_on_batch":
+                refuse_training_outside_scope(self, _method_name)
             if (strategy is not None and strategy.world_size > 1
                     and not strategy.extended.per_rank_input):
                 slicer = lambda v: _rank_slice(v, strategy.rank, strategy.world_size)
@@ -187,19 +193,11 @@ def _install_generator_without_prefetch():
     @functools.wraps(get_tf_dataset)  # check_keras reads the original through it
     def without_prefetch(self):
         dataset = get_tf_dataset(self)
-        if _multi_process[0] and hasattr(dataset, "_input_dataset"):
+        if any_multi_process_strategy() and hasattr(dataset, "_input_dataset"):
             return dataset._input_dataset.with_options(exact)  # pylint: disable=protected-access
         return dataset
 
     patch_points.replace("GeneratorDataAdapter", "get_tf_dataset", without_prefetch)
-
-
-_multi_process = [False]
-
-
-def note_multi_process_strategy():
-    """Called when this process creates a strategy with more than one worker."""
-    _multi_process[0] = True
 
 
 def _in_memory_fingerprint(adapter):
@@ -237,12 +235,23 @@ def install_data_recording():
         if training and call is not None and call.name == "fit":
             call.fit_iterator = self  # a resume replays its data to the backup
         if is_tfdist_strategy(distribute_strategy) and distribute_strategy.world_size > 1:
+            if training:
+                _state_the_split(distribute_strategy)
             distribute_strategy.extended.check_same_data(
                 self.num_batches, _in_memory_fingerprint(self.data_adapter),
                 call.signature if call is not None else None)
 
     patch_points.replace("TFEpochIterator", "__init__", iterator_init)
     _install_call_recording()
+
+
+def _state_the_split(strategy):
+    """The chief says once how fit's batches are split across the processes."""
+    batch_size = latest_data_batch_size()
+    if batch_size is not None:
+        chief_log.info(strategy.is_chief, "tfdist: %s",
+                       sharding.describe_split(batch_size, strategy.world_size,
+                                               strategy.extended.per_rank_input), once=True)
 
 
 def _install_call_recording():
@@ -256,6 +265,8 @@ def _install_call_recording():
         def recorded(self, *args, _original=original, _name=name, _signature=signature,
                      **kwargs):
             if not is_tfdist_strategy(getattr(self, "_distribute_strategy", None)):
+                if _name == "fit":
+                    refuse_training_outside_scope(self, _name)
                 return _original(self, *args, **kwargs)
             bound = _signature.bind(self, *args, **kwargs)
             bound.apply_defaults()

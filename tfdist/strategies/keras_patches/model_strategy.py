@@ -10,12 +10,15 @@ flags alike on every rank (`agrees_across_ranks`). It imports nothing of
 the strategies, so any layer above may use it without a cycle.
 """
 
+import threading
 import weakref
 
 import keras
 import tensorflow as tf
 
 from tfdist import _tf
+from tfdist import runtime
+from tfdist.errors import NotDistributedError
 from tfdist.strategies.keras_patches import fit_session, patch_points
 from tfdist.strategies.keras_patches.keras_internals import TFDatasetAdapter
 
@@ -66,6 +69,62 @@ def asynchronous_updates(model):
 def is_tfdist_strategy(strategy):
     """True for a tfdist strategy (`DataParallelStrategy` marks itself; no import of it here)."""
     return getattr(type(strategy), "is_tfdist_data_parallel", False) is True
+
+
+# The multi-process tfdist strategy this process created ("" if none), as "Name (rank r of P)";
+# a simulated rank (a thread bound to its communicator) keeps its own. `_any`: one was created by
+# any thread of the process.
+_process_strategy = [""]
+_thread_strategy = threading.local()
+_any = [False]
+
+
+def note_multi_process_strategy(strategy):
+    """`strategy`, with more than one worker, was created by this process (or simulated rank)."""
+    described = (f"{type(strategy).__name__} (rank {strategy.rank} of {strategy.world_size} "
+                 "processes)")
+    _any[0] = True
+    if runtime.bound_to_communicator():
+        _thread_strategy.described = described
+    else:
+        _process_strategy[0] = described
+
+
+def any_multi_process_strategy():
+    """True once any thread of this process created a tfdist strategy with more than one worker."""
+    return _any[0]
+
+
+def multi_process_strategy_created():
+    """The multi-process tfdist strategy this process (or simulated rank) created, described,
+    or "" if none."""
+    if runtime.bound_to_communicator():
+        return getattr(_thread_strategy, "described", "")
+    return _process_strategy[0]
+
+
+def refuse_training_outside_scope(model, call):
+    """`NotDistributedError` if `model`, built outside any tfdist strategy's scope, is about to
+    be trained (`call`: "fit", "train_on_batch") in a process that created a multi-process one.
+
+    Keras ties a model to the strategy whose scope it was created in; a model
+    created outside it trains on this process alone, and P processes train P
+    independent copies, each printing its own progress, with exit code 0.
+    """
+    created = multi_process_strategy_created()
+    if not created or tfdist_strategy(model) is not None:
+        return
+    raise NotDistributedError(
+        f"tfdist: model {model.name!r} was created outside the strategy's scope, so `{call}` "
+        f"would train it on this process alone - every process an independent copy - though "
+        f"this process created {created}. Create and compile the model under the strategy's "
+        "scope:\n"
+        "    strategy = tfdist.strategies.RingAllReduceStrategy()\n"
+        "    with strategy.scope():\n"
+        "        model = build_model()\n"
+        "        model.compile(...)\n"
+        "    model.fit(...)\n"
+        "(a model loaded with keras.models.load_model: load it under the scope too).")
 
 
 def is_non_chief_model(model):
