@@ -26,7 +26,8 @@ MPI_RANK_1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
     (dict(MPI_RANK_1, TFDIST_VERBOSE="1"), {}, False, False),
     ({"TFDIST_RANK": "1", "TFDIST_WORLD_SIZE": "2",
       "TFDIST_WORKER_ADDRESSES": "a:1,b:2"}, {}, False, False),    # tfdist-run filters itself
-    ({}, {}, False, False),                                          # one process
+    ({}, {}, False, True),               # one process: notices held (printed twice there)
+    ({"TF_CPP_MIN_LOG_LEVEL": "0"}, {}, False, False),               # one process, asked for
     ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"}, {}, False, False),  # later
 ])
 def test_tensorflow_notices_are_switched_off_only_where_nobody_filters(environ, modules, sets,

@@ -39,6 +39,7 @@ class ParameterServerStrategy(DataParallelStrategy):
     (they span servers); schedules in the optimizer run on the servers.
 
     Servers are either
+
     * dedicated processes: `tfdist-run -np N --num-servers K`, or the `ps`
       tasks of a `TF_CONFIG` cluster. They run the same script: creating this
       strategy in a server process serves the shard until all workers are
