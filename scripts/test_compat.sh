@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 TEST_WORKERS=${TEST_WORKERS:-2}
+COMPAT_ONLY=${COMPAT_ONLY:-}  # a pattern: only the combinations whose line matches it
 others=$(mktemp)
 trap 'rm -f "$others"' EXIT
-grep -vE '^#' constraints-compat.txt | while read -r line; do
+grep -vE '^#' constraints-compat.txt | grep -E -- "${COMPAT_ONLY:-.}" | while read -r line; do
     [ -n "$line" ] || continue
     pins=($line)
     # constraints.txt less the packages this combination pins

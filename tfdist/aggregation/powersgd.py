@@ -72,8 +72,8 @@ class PowerSGD(ErrorFeedbackCompressor):
 
     name = "powersgd"
 
-    def __init__(self, rank=DEFAULT_RANK, start_step=0,
-                 min_compression_rate=DEFAULT_MIN_COMPRESSION_RATE):
+    def __init__(self, rank: int = DEFAULT_RANK, start_step: int = 0,
+                 min_compression_rate: float = DEFAULT_MIN_COMPRESSION_RATE):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"PowerSGD rank must be an integer >= 1. Got: {rank!r}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:

@@ -39,6 +39,7 @@ the ring only (`Compressor.gathers`).
 """
 
 import math
+from typing import Optional
 
 import tensorflow as tf
 
@@ -61,7 +62,7 @@ class TopK(ErrorFeedbackCompressor):
     name = "topk"
     gathers = True
 
-    def __init__(self, ratio=DEFAULT_RATIO, momentum=None):
+    def __init__(self, ratio: float = DEFAULT_RATIO, momentum: Optional[float] = None):
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"TopK ratio must be a number in (0, 1]. Got: {ratio!r}")
         if momentum is not None and (isinstance(momentum, bool) or not isinstance(

@@ -1,5 +1,7 @@
 """`CommunicationMonitor`: where the step time goes - communication, bandwidth, stragglers - in the logs."""
 
+from typing import Union
+
 import keras
 
 from tfdist.profiling.report import CommunicationReport
@@ -47,7 +49,7 @@ class CommunicationMonitor(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, update_freq="epoch"):
+    def __init__(self, update_freq: Union[str, int] = "epoch"):
         super().__init__()
         if update_freq != "epoch" and (isinstance(update_freq, bool) or not isinstance(
                 update_freq, int) or update_freq < 1):

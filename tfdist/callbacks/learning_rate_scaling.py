@@ -1,6 +1,7 @@
 """`LearningRateScaling`: scale the learning rate with the global batch size."""
 
 import math
+from typing import Optional
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
 from tfdist.strategies.keras_patches import model_strategy
@@ -50,8 +51,8 @@ class LearningRateScaling(LearningRateTerm):
 
     kind = "scaling"
 
-    def __init__(self, base_lr, base_batch_size, rule="linear", global_batch_size=None,
-                 verbose=0):
+    def __init__(self, base_lr: float, base_batch_size: int, rule: str = "linear",
+                 global_batch_size: Optional[int] = None, verbose: int = 0):
         super().__init__()
         check_positive("base_lr", base_lr)
         check_positive("base_batch_size", base_batch_size, integer=True)

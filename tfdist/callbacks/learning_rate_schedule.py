@@ -2,6 +2,7 @@
 
 import math
 import numbers
+from typing import Callable, Optional, Union
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
 from tfdist.strategies.keras_patches import model_strategy
@@ -47,8 +48,9 @@ class LearningRateSchedule(LearningRateTerm):
 
     kind = "schedule"
 
-    def __init__(self, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 steps_per_epoch=None):
+    def __init__(self, multiplier: Union[float, Callable[[float], float]], start_epoch: int = 0,
+                 end_epoch: Optional[int] = None, staircase: bool = True,
+                 steps_per_epoch: Optional[int] = None):
         super().__init__()
         if not callable(multiplier) and not (
                 isinstance(multiplier, numbers.Real) and not isinstance(multiplier, bool)

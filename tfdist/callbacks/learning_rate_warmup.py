@@ -1,5 +1,7 @@
 """`LearningRateWarmup`: gradual warmup of the learning rate (Goyal et al. 2017)."""
 
+from typing import Optional
+
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
 from tfdist.strategies.keras_patches import model_strategy
 
@@ -51,8 +53,9 @@ class LearningRateWarmup(LearningRateTerm):
 
     kind = "warmup"
 
-    def __init__(self, warmup_epochs=5, initial_lr=None, target_lr=None,
-                 momentum_correction=False, steps_per_epoch=None):
+    def __init__(self, warmup_epochs: float = 5, initial_lr: Optional[float] = None,
+                 target_lr: Optional[float] = None, momentum_correction: bool = False,
+                 steps_per_epoch: Optional[int] = None):
         super().__init__()
         check_positive("warmup_epochs", warmup_epochs)
         check_positive("initial_lr", initial_lr, allow_none=True)

@@ -1,5 +1,8 @@
 """`ParameterServerStrategy`: gradients summed by sharded parameter servers."""
 
+from typing import Optional, Union
+
+from tfdist.aggregation.compression import Compressor
 from tfdist import chief_log, runtime
 from tfdist.errors import ServerRoleFinished
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
@@ -73,8 +76,10 @@ class ParameterServerStrategy(DataParallelStrategy):
     ```
     """
 
-    def __init__(self, num_servers=None, mode="sync", staleness=None,
-                 piece_bytes=DEFAULT_PIECE_BYTES, compression=None, shard_optimizer_state=False):
+    def __init__(self, num_servers: Optional[int] = None, mode: str = "sync",
+                 staleness: Optional[int] = None, piece_bytes: int = DEFAULT_PIECE_BYTES,
+                 compression: Union[str, Compressor, None] = None,
+                 shard_optimizer_state: bool = False):
         if shard_optimizer_state:
             refuse_sharding("ParameterServerStrategy", runtime.cluster().rank,
                             "its servers already keep the parameters and the optimizer state, "

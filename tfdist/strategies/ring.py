@@ -1,5 +1,8 @@
 """`RingAllReduceStrategy`: gradients summed with a ring all-reduce."""
 
+from typing import Union
+
+from tfdist.aggregation.compression import Compressor
 from tfdist import env_vars, runtime
 from tfdist.process_setup import engine_choice
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
@@ -95,9 +98,12 @@ class RingAllReduceStrategy(DataParallelStrategy):
     ```
     """
 
-    def __init__(self, backend="auto", fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES,
-                 compression=None, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
-                 implementation="auto", per_rank_input=False, shard_optimizer_state=False):
+    def __init__(self, backend: str = "auto",
+                 fusion_threshold_bytes: int = DEFAULT_GRADIENT_BUCKET_BYTES,
+                 compression: Union[str, Compressor, None] = None,
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 implementation: str = "auto", per_rank_input: bool = False,
+                 shard_optimizer_state: bool = False):
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts

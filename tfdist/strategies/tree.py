@@ -1,5 +1,8 @@
 """`ReductionTreeStrategy`: gradients summed up a k-ary tree and sent back down."""
 
+from typing import Union
+
+from tfdist.aggregation.compression import Compressor
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.tree import (DEFAULT_CHUNK_BYTES, ReductionTreeAggregator,
                                     validate_fanout)
@@ -46,9 +49,11 @@ class ReductionTreeStrategy(DataParallelStrategy):
     ```
     """
 
-    def __init__(self, fanout=2, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 fusion_threshold_bytes=DEFAULT_GRADIENT_BUCKET_BYTES, compression=None,
-                 first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES, shard_optimizer_state=False):
+    def __init__(self, fanout: int = 2, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 fusion_threshold_bytes: int = DEFAULT_GRADIENT_BUCKET_BYTES,
+                 compression: Union[str, Compressor, None] = None,
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 shard_optimizer_state: bool = False):
         if shard_optimizer_state:
             refuse_sharding("ReductionTreeStrategy", runtime.cluster().rank,
                             "the tree sums through its root and sends every rank the whole "
