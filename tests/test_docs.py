@@ -94,12 +94,15 @@ def test_pages_render_in_a_browser_and_link_only_to_pages_that_exist(site):
     server = _serve(site)
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     try:
-        for path, heading in (("", "tfdist"), ("profiling/", "Profiling"),
+        for path, heading in (("", "tfdist"), ("getting-started/", "Getting started"),
+                              ("strategies/", "Strategies"), ("profiling/", "Profiling"),
                               ("api/", "API reference")):
             browser.get(base + path)
             assert browser.find_element(By.CSS_SELECTOR, "article h1").text.startswith(heading)
             assert "404" not in browser.title
             images = browser.find_elements(By.CSS_SELECTOR, "article img")
+            if path == "strategies/":  # the ring, tree, PS and async diagrams
+                assert len(images) >= 4, path
             assert all(browser.execute_script("return arguments[0].naturalWidth", image) > 0
                        for image in images), path
             for link in browser.find_elements(By.CSS_SELECTOR, "a[href]"):
