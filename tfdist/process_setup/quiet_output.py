@@ -120,28 +120,34 @@ class NoticeFreeImport(importlib.abc.MetaPathFinder):
         del path, target
         if fullname != self.module or self._finding:
             return None
-        if self in self._meta_path:
-            self._meta_path.remove(self)  # once
         self._finding = True  # the real finders answer below
         try:
             spec = importlib.util.find_spec(fullname)
         finally:
             self._finding = False
         if spec is not None and spec.loader is not None:
-            spec.loader = _NoticeFreeLoader(spec.loader)
+            # removed from the path when the module is loaded, not here: a look-up that
+            # imports nothing (`importlib.util.find_spec`) must leave the hook in place
+            spec.loader = _NoticeFreeLoader(spec.loader, self)
         return spec
+
+    def loaded(self):
+        if self in self._meta_path:
+            self._meta_path.remove(self)  # once
 
 
 class _NoticeFreeLoader(importlib.abc.Loader):
     """Runs the wrapped loader's `exec_module` with stderr held in a temporary file."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, finder):
         self._loader = loader
+        self._finder = finder
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        self._finder.loaded()
         module.__loader__ = self._loader  # the real loader once loaded
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
