@@ -230,6 +230,20 @@ def test_a_model_built_outside_the_scope_is_refused_at_fit_not_trained_alone():
     history = _tiny_model().fit(x, y, batch_size=4, verbose=0)  # this thread: no strategy
     assert len(history.history["loss"]) == 1
 
+    def horovod_rank_fn(rank):  # what hvd.init() notes: the fix is to call it first
+        from tfdist.strategies.keras_patches import model_strategy  # pylint: disable=C0415
+
+        model = _tiny_model()
+        strategy = tfdist.strategies.RingAllReduceStrategy(per_rank_input=True)
+        model_strategy.note_multi_process_strategy(strategy, horovod_api=True)
+        with pytest.raises(tfdist.errors.NotDistributedError) as refused:
+            model.fit(x, y, batch_size=4, verbose=0)
+        return str(refused.value)
+
+    for message in simulate_processes(2, horovod_rank_fn):
+        assert "was created before hvd.init()" in message
+        assert "Call hvd.init() before creating the model" in message
+
 
 def test_the_chief_states_the_job_and_the_batch_split_once(capsys, monkeypatch):
     """One start-up line for the job (rank 0's), and at fit how the global batch is split."""

@@ -32,6 +32,7 @@ import threading
 import tensorflow as tf
 
 from tfdist import runtime
+from tfdist.strategies.keras_patches import model_strategy
 from tfdist.env_vars import Foreign
 from tfdist.process_setup import gpu_placement
 
@@ -69,6 +70,8 @@ def init(comm=None, process_sets=None):
         strategy = RingAllReduceStrategy(backend="auto", per_rank_input=True, **options)
         tf.distribute.experimental_set_strategy(strategy)
         _strategy[0] = strategy
+        if strategy.world_size > 1:  # a model built before hvd.init() is refused, saying so
+            model_strategy.note_multi_process_strategy(strategy, horovod_api=True)
 
 
 def _every_gpu_grows():

@@ -75,14 +75,18 @@ def is_tfdist_strategy(strategy):
 # a simulated rank (a thread bound to its communicator) keeps its own. `_any`: one was created by
 # any thread of the process.
 _process_strategy = [""]
+HOROVOD_API = " under tfdist.horovod"  # the strategy hvd.init() makes the process default
 _thread_strategy = threading.local()
 _any = [False]
 
 
-def note_multi_process_strategy(strategy):
-    """`strategy`, with more than one worker, was created by this process (or simulated rank)."""
+def note_multi_process_strategy(strategy, horovod_api=False):
+    """`strategy`, with more than one worker, was created by this process (or simulated rank);
+    `horovod_api`: by `hvd.init()` (`tfdist.horovod`), which makes it the process default."""
     described = (f"{type(strategy).__name__} (rank {strategy.rank} of {strategy.world_size} "
                  "processes)")
+    if horovod_api:
+        described += HOROVOD_API
     _any[0] = True
     if runtime.bound_to_communicator():
         _thread_strategy.described = described
@@ -114,6 +118,13 @@ def refuse_training_outside_scope(model, call):
     created = multi_process_strategy_created()
     if not created or tfdist_strategy(model) is not None:
         return
+    if created.endswith(HOROVOD_API):
+        raise NotDistributedError(
+            f"tfdist: model {model.name!r} was created before hvd.init(), outside the "
+            f"strategy tfdist.horovod sets there, so `{call}` would train it on this process "
+            f"alone - every process an independent copy - though this process created "
+            f"{created[:-len(HOROVOD_API)]}. Call hvd.init() before creating the model (and "
+            "its optimizer), as Horovod's examples do.")
     raise NotDistributedError(
         f"tfdist: model {model.name!r} was created outside the strategy's scope, so `{call}` "
         f"would train it on this process alone - every process an independent copy - though "
