@@ -56,14 +56,24 @@ def verbose(environ=None):
     return env_vars.VERBOSE.flag(environ)
 
 
-def _unfiltered_job(environ):
+def _discovered(environ):
+    """This process's job as its launcher's environment describes it, or None if malformed
+    (reported when a strategy discovers the cluster)."""
     from tfdist.process_setup import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
 
     try:
-        spec = cluster_lib.discover(environ)
-    except ValueError:  # reported when a strategy discovers the cluster
-        return False
+        return cluster_lib.discover(environ)
+    except ValueError:
+        return None
+
+
+def _unfiltered_job(spec):
     return spec.launcher in UNFILTERED_LAUNCHERS and (spec.world_size > 1 or spec.is_server)
+
+
+def _single_process(spec):
+    """A plain `python train.py`: no launcher's environment (one process, not a server)."""
+    return spec.world_size == 1 and not spec.is_server and spec.launcher == "single"
 
 
 def before_tensorflow(environ=None, modules=None, meta_path=None):
@@ -75,13 +85,14 @@ def before_tensorflow(environ=None, modules=None, meta_path=None):
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
     meta_path = sys.meta_path if meta_path is None else meta_path
-    if "tensorflow" in modules or verbose(environ):
+    spec = None if "tensorflow" in modules or verbose(environ) else _discovered(environ)
+    if spec is None:
         return False
-    if _single_process(environ):  # no level changed: only the notices held and left out
+    if _single_process(spec):  # no level changed: only the notices held and left out
         if Foreign.TF_CPP_MIN_LOG_LEVEL.get(environ) != "0":
             _hold_import(meta_path)
         return False
-    if not _unfiltered_job(environ):
+    if not _unfiltered_job(spec):
         return False
     level_set = not Foreign.TF_CPP_MIN_LOG_LEVEL.is_set(environ)
     if level_set:
@@ -94,17 +105,6 @@ def before_tensorflow(environ=None, modules=None, meta_path=None):
 def _hold_import(meta_path):
     if not any(isinstance(finder, NoticeFreeImport) for finder in meta_path):
         meta_path.insert(0, NoticeFreeImport("tensorflow", meta_path))
-
-
-def _single_process(environ):
-    """A plain `python train.py`: no launcher's environment (one process, not a server)."""
-    from tfdist.process_setup import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
-
-    try:
-        spec = cluster_lib.discover(environ)
-    except ValueError:
-        return False
-    return spec.world_size == 1 and not spec.is_server and spec.launcher == "single"
 
 
 class NoticeFreeImport(importlib.abc.MetaPathFinder):
