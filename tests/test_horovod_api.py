@@ -20,7 +20,7 @@ from helpers import (failure_report, horovodrun, require_launcher, run_job, scri
 
 TOLERANCE = 1e-4
 COLLECTIVE_RESULTS = ("allreduce_average", "allreduce_sum", "allreduce_max", "allgather",
-                      "broadcast", "broadcast_uint8", "reducescatter", "topology")
+                      "broadcast", "broadcast_uint8", "reducescatter", "topology", "objects")
 
 
 def _reference(tmp_path_factory, world):

@@ -11,7 +11,11 @@ contiguous GLOBAL_BATCH / P rows (equal per-rank batches), and trains with
 whole data (`hvd.size() == 1`) is the reference: the same global batches.
 `--world-of-reference P` tells the reference which world it stands for
 (op=Sum multiplies the gradient by P: the reference multiplies its rate).
-Then Horovod's own Keras tests, ported (horovod_ported.py). Writes
+Then Horovod's TensorFlow 2 custom loop (`tfdist.horovod.tensorflow`:
+DistributedGradientTape traced and eager, op=Sum, gradient_predivide_factor,
+sparse gradients gathered or as dense, broadcast_variables after the first
+step, a tf.train.Checkpoint written by rank 0 alone), then Horovod's own
+Keras tests, ported (horovod_ported.py). Writes
 PREFIX.rank<r>.npz: weights, history, evaluate, this rank's predictions,
 the collectives' results and the ported tests that passed.
 """
@@ -94,6 +98,18 @@ def run(name, args, results):
                   metrics=["accuracy"], experimental_run_tf_function=False)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hvd.callbacks.MetricAverageCallback()]
+    # Horovod's advice: checkpoints on worker 0 only - in each Keras 3 format (a .keras file
+    # makes Keras build an optimizer on rank 0 alone: it must wait for no other rank).
+    checkpoints = {
+        "keras": keras.callbacks.ModelCheckpoint(f"{args.prefix}.{name}.{{epoch}}.keras"),
+        "weights": keras.callbacks.ModelCheckpoint(f"{args.prefix}.{name}.weights.h5",
+                                                   save_weights_only=True),
+        "best": hvd.callbacks.BestModelCheckpoint(monitor="loss",
+                                                  filepath=f"{args.prefix}.{name}.best.keras"),
+        "h5": keras.callbacks.ModelCheckpoint(f"{args.prefix}.{name}.h5"),
+    }
+    if rank == 0:
+        callbacks.append(checkpoints[CHECKPOINT_FORMATS[name]])
     if feed == "tfdata":
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(per_rank)
         history = model.fit(dataset, epochs=EPOCHS, callbacks=callbacks, verbose=0)
@@ -107,6 +123,88 @@ def run(name, args, results):
     results[f"{name}/evaluate"] = np.array(model.evaluate(x, y, batch_size=per_rank, verbose=0))
     results[f"{name}/predict_rows"] = np.array(model.predict(x, batch_size=per_rank,
                                                              verbose=0).shape[0])
+    if rank == 0:  # after fit, on rank 0 alone: a save, a load, a new optimizer
+        model.save(f"{args.prefix}.{name}.final.keras")
+        loaded = keras.models.load_model(f"{args.prefix}.{name}.final.keras")
+        worst = max(float(np.max(np.abs(a - b)))
+                    for a, b in zip(loaded.get_weights(), model.get_weights()))
+        assert worst == 0.0, f"{name}: the loaded model differs by {worst}"
+        keras.optimizers.SGD(0.1)
+
+
+# The checkpoint callback each configuration runs on rank 0 only (every format in one launch).
+CHECKPOINT_FORMATS = {"adam": "keras", "sgd_sum_tfdata": "weights", "accumulate": "best",
+                      "sparse_as_dense": "h5"}
+
+# Horovod's TensorFlow 2 custom loop (tensorflow2_mnist.py's step) on tfdist.horovod.tensorflow:
+# name: (data, optimizer factory, DistributedGradientTape arguments, traced)
+LOOPS = {
+    "loop_adam_traced": ("dense", lambda keras, m: keras.optimizers.Adam(0.01), {}, True),
+    "loop_sgd_sum_eager": ("dense", lambda keras, m: keras.optimizers.SGD(0.05 * m),
+                           {"op": "Sum"}, False),
+    "loop_predivide_traced": ("dense", lambda keras, m: keras.optimizers.SGD(0.05, momentum=0.9),
+                              {"gradient_predivide_factor": 2.0}, True),
+    "loop_sparse_traced": ("tokens", lambda keras, m: keras.optimizers.Adam(0.01), {}, True),
+    "loop_sparse_as_dense_eager": ("tokens", lambda keras, m: keras.optimizers.SGD(0.1),
+                                   {"sparse_as_dense": True}, False),
+}
+
+
+def run_loop(name, args, results):
+    """Horovod's custom loop: DistributedGradientTape, broadcast_variables after the first
+    step (model and optimizer), a tf.train.Checkpoint written by rank 0 alone."""
+    import keras  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist.horovod.tensorflow as hvd_tf  # pylint: disable=import-outside-toplevel
+
+    kind, make_optimizer, options, traced = LOOPS[name]
+    world, rank = hvd_tf.size(), hvd_tf.rank()
+    reference = args.world_of_reference if world == 1 else world
+    options = dict(options)
+    multiplier = 1
+    if options.get("op") == "Sum":
+        options["op"] = hvd_tf.Sum
+        multiplier = reference if world == 1 else 1  # Sum = size x the average
+    keras.utils.set_random_seed(1)
+    x, y = data(kind)
+    x, y = shard(x, rank, world), shard(y, rank, world)
+    per_rank = GLOBAL_BATCH // world
+    model = model_for(kind, keras)
+    optimizer = make_optimizer(keras, multiplier)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    def step(images, labels, first_batch):
+        with tf.GradientTape() as tape:
+            loss_value = loss_fn(labels, model(images, training=True))
+        tape = hvd_tf.DistributedGradientTape(tape, **options)
+        grads = tape.gradient(loss_value, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        if first_batch:
+            hvd_tf.broadcast_variables(model.variables, root_rank=0)
+            hvd_tf.broadcast_variables(optimizer.variables, root_rank=0)
+        return loss_value
+
+    if traced:
+        step = tf.function(step)
+    losses = []
+    for epoch in range(EPOCHS):
+        for start in range(0, len(x), per_rank):
+            losses.append(float(hvd_tf.allreduce(step(
+                x[start:start + per_rank], y[start:start + per_rank],
+                epoch == 0 and start == 0))))
+    results[f"{name}/losses"] = np.array(losses)
+    for index, weight in enumerate(model.get_weights()):
+        results[f"{name}/w{index}"] = weight
+    if rank == 0:  # Horovod's advice: checkpoints on worker 0 only
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        path = checkpoint.save(f"{args.prefix}.{name}.ckpt")
+        restored = model_for(kind, keras)
+        restored(x[:1])
+        tf.train.Checkpoint(model=restored).restore(path).expect_partial()
+        worst = max(float(np.max(np.abs(a - b)))
+                    for a, b in zip(restored.get_weights(), model.get_weights()))
+        assert worst == 0.0, f"{name}: the restored checkpoint differs by {worst}"
 
 
 def collectives(results):
@@ -122,12 +220,18 @@ def collectives(results):
     results["reducescatter"] = hvd.reducescatter(np.arange(5.0) * (rank + 1), op=hvd.Sum).numpy()
     results["topology"] = np.array([hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
                                     hvd.cross_size(), hvd.cross_rank()])
+    import tfdist.horovod.tensorflow as hvd_tf  # pylint: disable=import-outside-toplevel
+
+    assert hvd_tf.broadcast_object({"from": rank}, root_rank=world - 1) == {"from": world - 1}
+    gathered = hvd_tf.allgather_object(("rank", rank) * (rank + 1))  # of other lengths
+    assert gathered == [("rank", r) * (r + 1) for r in range(world)], gathered
+    results["objects"] = np.array([world])
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("prefix")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(list(CONFIGS) + list(LOOPS)))
     parser.add_argument("--world-of-reference", type=int, default=2)
     parser.add_argument("--no-ported", dest="ported", action="store_false",
                         help="skip Horovod's ported Keras tests (horovod_ported.py)")
@@ -137,7 +241,7 @@ def main():
     hvd.init()
     results = {}
     for name in args.configs.split(","):
-        run(name, args, results)
+        (run_loop if name in LOOPS else run)(name, args, results)
     collectives(results)
     if args.ported:
         import horovod_ported  # pylint: disable=import-outside-toplevel

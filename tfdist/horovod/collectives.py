@@ -18,18 +18,23 @@ inside a `tf.function`, with Horovod's arguments and results:
   more); cost as an all-reduce.
 * `broadcast_variables(variables, root_rank)`: assigns `root_rank`'s values,
   one broadcast per dtype (the variables flattened together).
+* `broadcast_object(obj, root_rank)`, `allgather_object(obj)`: Python objects,
+  pickled (eager only).
 
 An eager call is bounded by the job timeout: a peer that never joins is
 named (`Communicator.expect_progress`). Adasum and process sets are
 refused: tfdist has neither.
 """
 
+import base64
 import contextlib
+import pickle
 
 import tensorflow as tf
 
 from tfdist.horovod import process
 from tfdist.horovod.compression import Compression
+from tfdist.strategies import variable_broadcast
 
 
 class ReduceOp:
@@ -94,7 +99,7 @@ def _communicator():
 
 
 @contextlib.contextmanager
-def _bounded(what):
+def bounded(what):
     """Eagerly, the job timeout bounds the wait and names a missing peer."""
     if tf.executing_eagerly():
         with _communicator().expect_progress(f"hvd.{what}"):
@@ -113,7 +118,7 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
         op = Average if average is None or average else Sum
     check_op(op, (Average, Sum, Min, Max, Product))
     size = process.size()
-    with _bounded("allreduce"):
+    with bounded("allreduce"):
         if isinstance(value, tf.IndexedSlices):
             values = _communicator().all_gather(value.values)
             indices = _communicator().all_gather(value.indices)
@@ -148,7 +153,7 @@ def allgather(value, name=None):
     """Every rank's `value` concatenated along the first dimension, in rank order."""
     del name
     value = tf.convert_to_tensor(value)
-    with _bounded("allgather"):
+    with bounded("allgather"):
         return _as(_communicator().all_gather(_on_the_wire(value)), value.dtype)
 
 
@@ -157,7 +162,7 @@ def broadcast(value, root_rank, name=None):
     del name
     _check_root(root_rank)
     value = tf.convert_to_tensor(value)
-    with _bounded("broadcast"):
+    with bounded("broadcast"):
         return _as(_communicator().broadcast(_on_the_wire(value), root=root_rank), value.dtype)
 
 
@@ -178,19 +183,33 @@ def reducescatter(value, name=None, op=Average):
 def broadcast_variables(variables, root_rank):
     """Assign `root_rank`'s value to each of `variables` (one broadcast per dtype)."""
     _check_root(root_rank)
-    by_dtype = {}
-    for variable in variables:
-        by_dtype.setdefault(tf.as_dtype(variable.dtype), []).append(variable)
-    for dtype in sorted(by_dtype, key=lambda d: d.name):  # the same order on every rank
-        group = by_dtype[dtype]
-        flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], axis=0)
-        with _bounded("broadcast_variables"):
-            flat = _communicator().broadcast(flat, root=root_rank)
-        offset = 0
-        for variable in group:
-            count = int(tf.size(variable))
-            variable.assign(tf.reshape(flat[offset:offset + count], variable.shape))
-            offset += count
+    with bounded("broadcast_variables"):
+        variable_broadcast.broadcast_variables(_communicator(), list(variables), root_rank)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """`root_rank`'s Python object on every rank (pickled, as Horovod's; eager only)."""
+    del name
+    check_process_set(process_set)
+    _check_root(root_rank)
+    payload = base64.b64encode(pickle.dumps(obj)).decode("ascii")
+    with bounded("broadcast_object"):
+        return pickle.loads(base64.b64decode(
+            _communicator().broadcast_json(payload if process.rank() == root_rank else "",
+                                           root=root_rank)))
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Every rank's Python object, in rank order (pickled, as Horovod's; eager only)."""
+    del name
+    check_process_set(process_set)
+    payload = base64.b64encode(pickle.dumps(obj)).decode("ascii")
+    communicator = _communicator()
+    with bounded("allgather_object"):
+        longest = int(tf.reduce_max(communicator.all_gather_equal(
+            tf.constant([len(payload)], tf.int64))))
+        return [pickle.loads(base64.b64decode(text))
+                for text in communicator.all_gather_strings(payload, max_bytes=max(longest, 1))]
 
 
 def broadcast_global_variables(root_rank):

@@ -60,18 +60,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError("tfdist.horovod: DistributedOptimizer wraps a Keras 3 optimizer "
                          f"(keras.optimizers.*). Got: {type(optimizer).__name__}")
-    collectives.check_op(op, (collectives.Average, collectives.Sum))
-    collectives.check_process_set(process_set)
-    if gradient_predivide_factor != 1.0 and op is not collectives.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average. "
-                         f"Got: op={op!r}, gradient_predivide_factor={gradient_predivide_factor}")
-    if not gradient_predivide_factor > 0:
-        raise ValueError("gradient_predivide_factor must be positive. "
-                         f"Got: {gradient_predivide_factor!r}")
-    groups = num_groups if groups is None and num_groups else groups
-    if groups is not None and not (isinstance(groups, list) or groups > 0):
-        raise ValueError("groups should be a non-negative integer or a list of list of "
-                         f"tf.Variable. Got: groups={groups!r}")
+    check_averaging_options(op, gradient_predivide_factor, num_groups, groups, process_set)
     if isinstance(backward_passes_per_step, bool) or not isinstance(
             backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be a positive integer. "
@@ -85,6 +74,23 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             factor *= backward_passes_per_step
     return gradient_options.apply_to(optimizer, factor=factor, sparse_as_dense=sparse_as_dense,
                                      averaged_outside_steps=True)
+
+
+def check_averaging_options(op, gradient_predivide_factor, num_groups, groups, process_set):
+    """Horovod's checks of the averaging options `DistributedOptimizer` and
+    `DistributedGradientTape` share (its messages); tfdist's refusals (Adasum, process sets)."""
+    collectives.check_op(op, (collectives.Average, collectives.Sum))
+    collectives.check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op is not collectives.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average. "
+                         f"Got: op={op!r}, gradient_predivide_factor={gradient_predivide_factor}")
+    if not gradient_predivide_factor > 0:
+        raise ValueError("gradient_predivide_factor must be positive. "
+                         f"Got: {gradient_predivide_factor!r}")
+    groups = num_groups if groups is None and num_groups else groups
+    if groups is not None and not (isinstance(groups, list) or groups > 0):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         f"tf.Variable. Got: groups={groups!r}")
 
 
 def _accumulate(optimizer, steps):

@@ -208,9 +208,15 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             self._rank_local.active = previous
 
     def _create_variable(self, next_creator, **kwargs):
+        """A variable of this strategy: broadcast from rank 0 when created, so every rank
+        starts alike; under per-rank input (Horovod's semantics) the creating rank's own
+        until synchronized (`fit`'s start, Horovod's `broadcast_variables`), so a variable
+        one rank creates alone (an optimizer, a checkpoint's counter, a model saved or loaded
+        on rank 0) waits for no other rank."""
         if self._one_process or getattr(self._rank_local, "active", False):
             return super()._create_variable(next_creator, **kwargs)
-        if kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ:
+        if (not self.per_rank_input
+                and kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ):
             kwargs["initial_value"] = self._broadcast_initial_value(kwargs)
         variable = super()._create_variable(next_creator, **kwargs)
         return self._local_state.track(variable)

@@ -27,7 +27,7 @@ import keras
 
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
-from tfdist.strategies import replica_consistency
+from tfdist.strategies import replica_consistency, variable_broadcast
 from tfdist.fault_tolerance import backup_state
 from tfdist.strategies.keras_patches import backup, callback_list
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
@@ -145,6 +145,37 @@ class _ReplicaConsistency(keras.callbacks.Callback):
                 "at the end of fit")
 
 
+@agrees_across_ranks
+class _StartFromRankZero(keras.callbacks.Callback):
+    """Per-rank input (Horovod's semantics): `fit` starts from rank 0's weights and optimizer
+    state.
+
+    Under per-rank input a variable is the rank's own from its creation
+    (`DataParallelExtended._create_variable`), as in Horovod; every rank calls
+    `fit`, so its start is where they are made alike - before the first step,
+    so the first update is the one one process makes (Horovod's
+    `BroadcastGlobalVariablesCallback` does it after the first step, and still
+    may; it is then a no-op). Cost: one broadcast per dtype of the model and its
+    optimizer's variables per `fit` (`variable_broadcast`).
+    """
+
+    def __init__(self, strategy):
+        super().__init__()
+        self._communicator = strategy.extended.communicator
+
+    def on_train_begin(self, logs=None):
+        with self._communicator.expect_progress("fit's start from rank 0's variables"):
+            variable_broadcast.broadcast_variables(
+                self._communicator, replica_consistency.compared_variables(self.model))
+
+
+def _starting_from_rank_zero(model, callbacks):
+    strategy = tfdist_strategy(model)
+    if strategy is None or strategy.world_size == 1 or not strategy.extended.per_rank_input:
+        return callbacks
+    return [_StartFromRankZero(strategy)] + list(callbacks)
+
+
 def _with_replica_consistency(model, callbacks):
     strategy = tfdist_strategy(model)
     if (strategy is None or strategy.world_size == 1
@@ -256,6 +287,7 @@ def install():
             callbacks = _with_server_parameters(model, callbacks)
             callbacks = _with_communication_profiling(model, callbacks)
             callbacks = _with_replica_consistency(model, callbacks)
+            callbacks = _starting_from_rank_zero(model, callbacks)
         if model is not None and is_non_chief_model(model):
             callbacks = _for_non_chief(callbacks, tfdist_strategy(model))
             add_progbar = False

@@ -1,6 +1,7 @@
 """Optimizers: the global gradient reaches `apply` before anything else touches it."""
 
 import functools
+import threading
 
 import tensorflow as tf
 
@@ -32,6 +33,34 @@ def _refuse_local_gradients_if_sharded(optimizer):
             "fit), where they are summed over the ranks first.")
 
 
+_as_given = threading.local()  # .active: an apply of gradients the script reduced itself
+
+
+def _apply_as_given(optimizer, original, grads, trainable_variables, strategy):
+    """`apply_gradients` of a custom loop outside `strategy.run`, in the cross-replica context
+    of a tfdist strategy (TensorFlow's default since `hvd.init()`).
+
+    Under Horovod's semantics (a per-rank-input strategy: `tfdist.horovod`) the optimizer
+    applies what it is given, as Horovod's does: the script reduced the gradients itself
+    (`DistributedGradientTape`, `hvd.allreduce`) or keeps them local. Keras' TF optimizer
+    needs a replica context there; it gets this rank's, with its all-reduce skipped. Under a
+    global-batch strategy such gradients would be this rank's alone: refused, naming the way.
+    """
+    if not strategy.extended.per_rank_input:
+        raise ValueError(
+            f"tfdist rank {strategy.rank}: {optimizer.name}.apply_gradients was called outside "
+            "strategy.run(...), with this rank's gradients only: the ranks would drift apart. "
+            "Compute and apply the gradients inside strategy.run(step_fn, args=...) (the "
+            "TensorFlow guide's custom loop), where they are summed over the ranks, or use "
+            "tfdist.horovod.tensorflow's DistributedGradientTape.")
+    _as_given.active = True
+    try:
+        with strategy.extended.replica_context():
+            return original(optimizer, grads, trainable_variables)
+    finally:
+        _as_given.active = False
+
+
 def install():
     """Optimizers see the global gradient before anything else touches it.
 
@@ -54,6 +83,10 @@ def install():
                 return _apply_global(self, grads, trainable_variables)
             if step is None:
                 _refuse_local_gradients_if_sharded(self)
+                strategy = tf.distribute.get_strategy()
+                if (getattr(strategy, "is_tfdist_data_parallel", False)
+                        and tf.distribute.in_cross_replica_context()):
+                    return _apply_as_given(self, original, grads, trainable_variables, strategy)
                 return original(self, grads, trainable_variables)
             strategy = tf.distribute.get_strategy()
             grads = list(grads)
@@ -125,7 +158,8 @@ def install():
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         step = replica_step.current()
-        if step is not None and step.gradients_aggregated:
+        if (step is not None and step.gradients_aggregated) or getattr(_as_given, "active",
+                                                                        False):
             return list(grads_and_vars)
         return all_reduce_sum_gradients(self, grads_and_vars)
 
