@@ -153,10 +153,13 @@ class _StartFromRankZero(keras.callbacks.Callback):
     Under per-rank input a variable is the rank's own from its creation
     (`DataParallelExtended._create_variable`), as in Horovod; every rank calls
     `fit`, so its start is where they are made alike - before the first step,
-    so the first update is the one one process makes (Horovod's
-    `BroadcastGlobalVariablesCallback` does it after the first step, and still
-    may; it is then a no-op). Cost: one broadcast per dtype of the model and its
-    optimizer's variables per `fit` (`variable_broadcast`).
+    so the first update is the one one process makes. It runs after the
+    script's own callbacks' `on_train_begin`: Horovod's
+    `BroadcastGlobalVariablesCallback(root_rank, local_variables=...)` has
+    then made every rank hold `root_rank`'s values (this broadcast changes
+    nothing) and declared its local variables each rank's own (left out here).
+    Cost: one broadcast per dtype of the model and its optimizer's variables
+    per `fit` (`variable_broadcast`).
     """
 
     def __init__(self, strategy):
@@ -173,7 +176,7 @@ def _starting_from_rank_zero(model, callbacks):
     strategy = tfdist_strategy(model)
     if strategy is None or strategy.world_size == 1 or not strategy.extended.per_rank_input:
         return callbacks
-    return [_StartFromRankZero(strategy)] + list(callbacks)
+    return list(callbacks) + [_StartFromRankZero(strategy)]
 
 
 def _with_replica_consistency(model, callbacks):
