@@ -93,7 +93,8 @@ def test_two_processes_under_mpirun_on_horovods_mpi_engine_equal_one_process(ref
 def test_two_processes_on_tf_collectives_equal_one_process(references, tmp_path):
     """tfdist-run, 2 processes: TensorFlow's collectives."""
     prefix = str(tmp_path / "job")
-    done = tfdist_run(2, [script("horovod_api.py"), prefix], timeout=600)
+    done = tfdist_run(2, [script("horovod_api.py"), prefix], timeout=600,
+                      launcher=["--no-horovod"])
     _check_job(done, prefix, 2, references(2))
     assert "aggregator ring on collective" in done.stdout + done.stderr
 
