@@ -33,6 +33,8 @@ CONTRACT = (
     "tfdist.horovod.keras.callbacks.LearningRateWarmupCallback",
     "tfdist.horovod.elastic_state.run", "tfdist.horovod.elastic_state.KerasState",
     "tfdist.horovod.keras.elastic.CommitStateCallback",
+    "tfdist.horovod.gradient_tape.DistributedGradientTape",
+    "tfdist.horovod.collectives.broadcast_variables",
 )
 
 

@@ -48,7 +48,8 @@ def _check_job(done, prefix, world, reference):
     assert done.returncode == 0, failure_report(done)
     ranks = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(world)]
     trained = [k for k in reference
-               if k not in COLLECTIVE_RESULTS + ("ported",) and "predict_rows" not in k]
+               if k not in COLLECTIVE_RESULTS + ("ported", "ported_tf")
+               and "predict_rows" not in k]
     for rank, results in enumerate(ranks):
         worst = max(float(np.max(np.abs(reference[k] - results[k]))) for k in trained)
         assert worst <= TOLERANCE, f"rank {rank}: {worst} from one process"
@@ -58,6 +59,9 @@ def _check_job(done, prefix, world, reference):
         # Horovod's own Keras tests, ported (tests/scripts/horovod_ported.py), passed.
         assert results["ported"].tolist() == reference["ported"].tolist() and len(
             results["ported"]) == 7
+        # Horovod's own TensorFlow 2 tests that apply on CPUs (horovod_tf_ported.py), passed.
+        assert results["ported_tf"].tolist() == reference["ported_tf"].tolist() and len(
+            results["ported_tf"]) == 7
         np.testing.assert_allclose(results["allreduce_average"], [(world - 1) / 2] * 3)
         np.testing.assert_allclose(results["allreduce_sum"], [world * (world - 1) / 2] * 3)
         np.testing.assert_allclose(results["allreduce_max"], [world - 1] * 3)

@@ -247,6 +247,9 @@ def main():
         import horovod_ported  # pylint: disable=import-outside-toplevel
 
         results["ported"] = np.array(horovod_ported.run_all())
+        import horovod_tf_ported  # pylint: disable=import-outside-toplevel
+
+        results["ported_tf"] = np.array(horovod_tf_ported.run_all())
     np.savez(f"{args.prefix}.rank{hvd.rank()}.npz", **results)
     print(f"rank {hvd.rank()} of {hvd.size()}: done", flush=True)
 

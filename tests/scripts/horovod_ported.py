@@ -16,8 +16,8 @@ Ported (the Keras 2 spellings replaced by Keras 3's: `learning_rate=` for `lr=`,
   variant does), so the average is checked, not only the accumulation;
 * test_from_config;
 * test_broadcast_global_variables_callback_with_local_vars: root = the last rank, the first
-  layer's variables local. Horovod's per-rank initializers are replaced by assignments after
-  creation: tfdist starts every variable from rank 0's value when it is created.
+  layer's variables local; each rank's values set by assignments after creation (Horovod
+  uses per-rank initializers: the same, each variable being the creating rank's own).
 
 Not ported: test_legacy_optimizer (Keras 3 has no legacy optimizers), test_grad_aggregation_
 with_inf_grad (Horovod's aggregation helper zeroes an infinite accumulated gradient; Keras 3's

@@ -40,8 +40,10 @@ from tfdist.errors import ClusterError, explain_uncaught
 from tfdist.profiling import names
 
 _INSTALL_HINT = (
-    "Horovod is not installed in this environment: `make install` builds it (it needs "
-    "cmake and g++), or see scripts/install_horovod.sh."
+    "Horovod is not installed in this environment. It is optional (tfdist-run and every "
+    "strategy work on TensorFlow's collectives without it); to add it, from a clone of "
+    "tfdist: scripts/install_horovod.sh \"$(which python)\" (needs cmake and g++, about 4 "
+    "minutes once), or `make install` in the clone."
 )
 
 

@@ -28,7 +28,11 @@ def start(num_proc, host):
         from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
         from horovod.runner.http.http_server import RendezvousServer
     except ImportError as e:
-        raise RuntimeError(f"--horovod needs Horovod installed (`make install`): {e}") from e
+        raise RuntimeError(
+            f"--horovod needs Horovod, which is not installed ({e}). It is optional: without "
+            "--horovod the job runs on TensorFlow's collectives. To add it, from a clone of "
+            "tfdist: scripts/install_horovod.sh \"$(which python)\" (needs cmake and g++, about "
+            "4 minutes once), or `make install` in the clone.") from e
     server = RendezvousServer(verbose=0)
     port = server.start()
     plan = get_host_assignments(parse_hosts(f"localhost:{num_proc}"), num_proc)

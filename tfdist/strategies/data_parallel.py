@@ -391,7 +391,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
                 "rank its slice of every global batch, so a rank that keeps only its own shard "
                 "(x[rank::world]) trains on a fraction of the data. For a per-rank input "
                 "pipeline, build it in strategy.distribute_datasets_from_function(dataset_fn) "
-                "and pass the result to fit.")
+                "and pass the result to fit, or give each rank its own batches on purpose "
+                "with RingAllReduceStrategy(per_rank_input=True) (Horovod's semantics; "
+                "batch_size is then each rank's).")
 
     def any_rank(self, flag, training=False):
         """True on every rank if `flag` is true on any rank (eager; one tiny all-reduce).
