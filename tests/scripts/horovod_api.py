@@ -147,6 +147,9 @@ LOOPS = {
     "loop_sparse_traced": ("tokens", lambda keras, m: keras.optimizers.Adam(0.01), {}, True),
     "loop_sparse_as_dense_eager": ("tokens", lambda keras, m: keras.optimizers.SGD(0.1),
                                    {"sparse_as_dense": True}, False),
+    # no DistributedGradientTape: hvd.DistributedOptimizer's apply_gradients averages
+    "loop_distributed_optimizer_traced": ("dense", lambda keras, m: keras.optimizers.Adam(0.01),
+                                          {"distributed_optimizer": True}, True),
 }
 
 
@@ -172,12 +175,16 @@ def run_loop(name, args, results):
     per_rank = GLOBAL_BATCH // world
     model = model_for(kind, keras)
     optimizer = make_optimizer(keras, multiplier)
+    wrap_optimizer = options.pop("distributed_optimizer", False)
+    if wrap_optimizer:
+        optimizer = hvd_tf.DistributedOptimizer(optimizer)
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
 
     def step(images, labels, first_batch):
         with tf.GradientTape() as tape:
             loss_value = loss_fn(labels, model(images, training=True))
-        tape = hvd_tf.DistributedGradientTape(tape, **options)
+        if not wrap_optimizer:
+            tape = hvd_tf.DistributedGradientTape(tape, **options)
         grads = tape.gradient(loss_value, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         if first_batch:
