@@ -653,8 +653,11 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
         per_rank_input: each rank's data is its own (Horovod's semantics): `fit`'s
             `batch_size` and a dataset's batches are per rank, the global batch is every
             rank's together (weighted by rows, so equal to one process on the concatenated
-            batches), nothing is sliced, predictions stay on their rank. Default False:
-            every rank passes the same global data and takes its slice.
+            batches), nothing is sliced, predictions stay on their rank; a variable is the
+            creating rank's own until synchronized (`fit` starts from rank 0's; a custom loop
+            broadcasts them itself, as Horovod's scripts do). Default False: every rank
+            passes the same global data and takes its slice, and every variable starts from
+            rank 0's value when it is created.
         engine_reason: why the engine was chosen, for the start-up line
             (`RingAllReduceStrategy(backend="auto")` gives it).
 

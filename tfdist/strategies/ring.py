@@ -76,7 +76,8 @@ class RingAllReduceStrategy(DataParallelStrategy):
             the communicator is shared by every strategy of the process.
         per_rank_input: each rank feeds its own data (Horovod's semantics, what
             `tfdist.horovod.keras` uses): batches are per rank, the global batch is
-            every rank's together; see `DataParallelStrategy`. Default False: the
+            every rank's together, variables are each rank's own until synchronized
+            (`fit` starts from rank 0's); see `DataParallelStrategy`. Default False: the
             same global data on every rank, sliced by tfdist.
         shard_optimizer_state: ZeRO stage 1: each rank keeps the optimizer state
             (Adam's moments, momentum, EMA, accumulators) of 1/P of the parameters,
