@@ -126,9 +126,11 @@ class ParameterServerAggregator(Aggregator):
             return None
         self._stop.set()
         lines = [tfdist_assertion(error)]  # the step's own check, as one line
-        # A call in flight fails ("Socket closed") as the dying server's connections drop,
-        # which may be a moment before its listening port refuses: probe for that moment.
-        patience = DROPPED_CALL_PROBE_SECONDS if "Socket closed" in str(error) else 0.0
+        # A call in flight fails ("Socket closed", or "Connection reset by peer" when the
+        # kill lands mid-call) as the dying server's connections drop, which may be a moment
+        # before its listening port refuses: probe for that moment.
+        dropped = any(words in str(error) for words in _DROPPED_CALL)
+        patience = DROPPED_CALL_PROBE_SECONDS if dropped else 0.0
         lines += [self._dead_server_line(client) for client in self.clients
                   if _refused_within(client.address, patience)]
         return "\n".join(line for line in lines if line) or None
@@ -251,6 +253,7 @@ class ParameterServerAggregator(Aggregator):
 
 
 DROPPED_CALL_PROBE_SECONDS = 5.0
+_DROPPED_CALL = ("Socket closed", "Connection reset by peer")  # a call cut by a death
 
 
 def _refused_within(address, seconds):
