@@ -39,6 +39,12 @@ def _box(axes, x, y, text, color=RANK, width=1.3, height=0.55, text_color="white
     axes.text(x, y, text, ha="center", va="center", color=text_color, fontsize=size)
 
 
+def _bar(axes, x, y, length, height, color, style="round,pad=0.01", alpha=1.0):
+    """A horizontal bar from `x`, centered on `y` (a span of time, a range of parameters)."""
+    axes.add_patch(FancyBboxPatch((x, y - height / 2), length, height, boxstyle=style,
+                                  facecolor=color, edgecolor="none", alpha=alpha))
+
+
 def _arrow(axes, start, end, color=GREY, style="-|>", bend=0.0, width=1.6, shrink=22):
     axes.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=14,
                                    color=color, linewidth=width, shrinkA=shrink,
@@ -136,9 +142,7 @@ def asynchronous():
         axes.text(0.1, y, f"worker {worker}", va="center", color=RANK, fontsize=9)
         previous = 1.0
         for t in times:
-            axes.add_patch(FancyBboxPatch((previous + 0.05, y - 0.1), t - previous - 0.15, 0.2,
-                                          boxstyle="round,pad=0.01", facecolor=LIGHT,
-                                          edgecolor="none"))
+            _bar(axes, previous + 0.05, y, t - previous - 0.15, 0.2, LIGHT)
             _arrow(axes, (t, y), (t, 2.6), color=RANK, width=1.0, shrink=2)
             axes.text(t + 0.03, 2.68, f"v{version[t]}", fontsize=7.5, color=SERVER)
             previous = t
@@ -159,11 +163,10 @@ def elastic():
         y = 2.3 - 0.6 * rank
         axes.text(0.1, y, f"rank {rank}", va="center", fontsize=9, color=RANK)
         for start, end in pieces:
-            axes.add_patch(FancyBboxPatch((start, y - 0.17), end - start, 0.34,
-                                          boxstyle="round,pad=0.01,rounding_size=0.08",
-                                          facecolor=RANK if rank < 2 or start > 5 else "#9fa8da",
-                                          edgecolor="none"))
-    axes.text(2.0, 1.1 - 0.0, "✕ lost", color="#c62828", fontsize=9, ha="left", va="center")
+            _bar(axes, start, y, end - start, 0.34,
+                 RANK if rank < 2 or start > 5 else "#9fa8da",
+                 style="round,pad=0.01,rounding_size=0.08")
+    axes.text(2.0, 1.1, "✕ lost", color="#c62828", fontsize=9, ha="left", va="center")
     for x, label in ((2.8, "backup at the\nlast agreed step;\nrestart with 2"),
                      (5.1, "slots back: resize\nat an agreed step;\nrestart with 3")):
         axes.plot([x, x], [0.75, 2.6], color=GREY, linestyle="--", linewidth=1)
@@ -182,14 +185,12 @@ def sharding():
     x = 1.3
     axes.text(0.1, 2.8, "parameters\n(every rank)", va="center", fontsize=9)
     for rank, width in enumerate(widths):
-        axes.add_patch(FancyBboxPatch((x, 2.6), width - 0.05, 0.4, boxstyle="square,pad=0",
-                                      facecolor=colors[rank], edgecolor="none", alpha=0.85))
+        _bar(axes, x, 2.8, width - 0.05, 0.4, colors[rank], style="square,pad=0", alpha=0.85)
         axes.text(x + width / 2, 2.8, f"range {rank}", ha="center", va="center", color="white",
                   fontsize=9)
         y = 1.9 - 0.55 * rank
         axes.text(0.1, y, f"rank {rank} keeps", va="center", fontsize=9)
-        axes.add_patch(FancyBboxPatch((x, y - 0.18), width - 0.05, 0.36, boxstyle="square,pad=0",
-                                      facecolor=colors[rank], edgecolor="none", alpha=0.35))
+        _bar(axes, x, y, width - 0.05, 0.36, colors[rank], style="square,pad=0", alpha=0.35)
         axes.text(x + width / 2, y, "Adam m, v of range", ha="center", va="center", fontsize=8)
         x += width
     axes.text(7.35, 2.8, "per step:", fontsize=9.5, weight="bold", va="center")
