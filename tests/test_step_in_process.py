@@ -275,9 +275,14 @@ def test_global_gradients_are_what_one_process_computes(split, compression):
     ((False, False, False, False, True), StepPlan(LOCAL)),  # async evaluate: whole batches
 ])
 def test_every_step_is_planned_once_as_one_of_four_kinds(call, want):
-    names = ("one_process", "is_keras_train_step", "is_train_step", "is_user_function",
-             "asynchronous")
-    assert plan_step(**dict(zip(names, call))) == want
+    from tfdist.strategies.modes import AsynchronousUpdates, SynchronousUpdates  # pylint: disable=C0415
+
+    *flags, asynchronous = call
+    names = ("one_process", "is_keras_train_step", "is_train_step", "is_user_function")
+    updates = AsynchronousUpdates() if asynchronous else SynchronousUpdates()
+    assert updates.plan_step(**dict(zip(names, flags))) == want
+    if not asynchronous:
+        assert plan_step(**dict(zip(names, flags))) == want
 
 
 def test_an_impossible_plan_is_refused():

@@ -18,8 +18,9 @@ LAYERS = [
      "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
+    ("tfdist.fault_tolerance",),  # its collectives and the job's state injected (BackupJob)
     ("tfdist.runtime", "tfdist.simulation"),
-    ("tfdist.strategies", "tfdist.fault_tolerance", "tfdist.optimizers", "tfdist.profiling.report",
+    ("tfdist.strategies", "tfdist.optimizers", "tfdist.profiling.report",
      "tfdist.profiling.rank_profiler"),
     ("tfdist.callbacks",),
     ("tfdist.horovod",),
@@ -183,7 +184,7 @@ def test_light_modules_import_without_tensorflow(module):
 
 
 # --- what the layers above use of strategy.extended (extended_interface) ----------------
-_OWN_MODULES = ("strategies/data_parallel.py", "strategies/asynchronous.py")
+_OWN_MODULES = ("strategies/data_parallel.py",)
 
 
 def _extended_members_used():
@@ -201,21 +202,92 @@ def test_layers_above_use_only_the_declared_members_of_strategy_extended():
     from tfdist.strategies.extended_interface import MEMBERS  # pylint: disable=C0415
 
     used = set(_extended_members_used())
-    assert {member for _, member in used} >= {"communicator", "aggregator", "remote_updates"}
+    assert {member for _, member in used} >= {"communicator", "aggregator", "updates",
+                                              "input_mode", "optimizer_state"}
     undeclared = sorted((str(path), member) for path, member in used if member not in MEMBERS)
     assert not undeclared, ("strategy.extended members used but not declared in "
                             f"tfdist/strategies/extended_interface.py: {undeclared}")
 
 
-def test_every_strategy_implementation_provides_the_declared_members():
-    from tfdist.strategies.asynchronous import AsynchronousExtended  # pylint: disable=C0415
+def test_the_strategy_implementation_provides_the_declared_members():
     from tfdist.strategies.data_parallel import DataParallelExtended  # pylint: disable=C0415
     from tfdist.strategies.extended_interface import MEMBERS  # pylint: disable=C0415
 
-    for implementation in (DataParallelExtended, AsynchronousExtended):
-        annotated = set().union(*(getattr(c, "__annotations__", {}) for c in implementation.__mro__))
-        missing = [m for m in MEMBERS if not hasattr(implementation, m) and m not in annotated]
-        assert not missing, f"{implementation.__name__} lacks {missing}"
+    annotated = set().union(*(getattr(c, "__annotations__", {})
+                              for c in DataParallelExtended.__mro__))
+    assigned = {target.attr for node in ast.walk(ast.parse(
+        (PACKAGE / "strategies" / "data_parallel.py").read_text()))
+        if isinstance(node, ast.Assign) for target in node.targets
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+        and target.value.id == "self"}
+    missing = [m for m in MEMBERS
+               if not hasattr(DataParallelExtended, m) and m not in annotated | assigned]
+    assert not missing, f"DataParallelExtended lacks {missing}"
+
+
+# --- the modes: each one object behind a declared interface (strategies/modes) -----------
+MODE_FLAGS = ("shard_optimizer_state", "per_rank_input", "asynchronous", "remote_updates")
+# Where a flag may be named as code: the mode implementations, and the public constructors
+# that take it (and the Horovod API's call of one); the cost model names the ring's option.
+_MAY_NAME_A_FLAG = ("strategies/modes/", "strategies/ring.py", "strategies/tree.py",
+                    "strategies/parameter_server.py", "strategies/data_parallel.py",
+                    "horovod/process.py", "aggregation/recommend.py", "aggregation/ring.py")
+
+
+def _flags_named(tree):
+    """Line numbers where a mode flag is code: a name, an attribute, an argument, a keyword
+    or a string subscript/key (not in docstrings or messages)."""
+    for node in ast.walk(tree):
+        name = (node.id if isinstance(node, ast.Name) else
+                node.attr if isinstance(node, ast.Attribute) else
+                node.arg if isinstance(node, (ast.arg, ast.keyword)) else None)
+        if name in MODE_FLAGS:
+            yield node.lineno, name
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and any(
+                isinstance(a, ast.Constant) and a.value in MODE_FLAGS for a in node.args):
+            yield node.lineno, "getattr"
+
+
+def test_no_module_outside_a_mode_branches_on_its_flag():
+    """A mode is an object chosen at construction (`strategies/modes`): nothing else reads a
+    mode's flag."""
+    found = [f"{path.relative_to(PACKAGE)}:{line} ({name})"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if not any(part in str(path.relative_to(PACKAGE)) for part in _MAY_NAME_A_FLAG)
+             for line, name in _flags_named(ast.parse(path.read_text()))]
+    assert not found, f"mode flags named outside their modes: {found}"
+
+
+def test_the_flag_check_finds_a_branch():
+    tree = ast.parse("if strategy.extended.per_rank_input:\n    pass\n"
+                     "x = getattr(e, 'shard_optimizer_state', False)\n")
+    assert [name for _, name in _flags_named(tree)] == ["per_rank_input", "getattr"]
+
+
+def test_every_mode_provides_its_declared_interface():
+    from tfdist.strategies import modes  # pylint: disable=C0415
+    from tfdist.strategies.modes import interfaces  # pylint: disable=C0415
+
+    implementations = {
+        interfaces.InputMode: (modes.GlobalBatchInput, modes.PerRankInput),
+        interfaces.OptimizerStateMode: (modes.ReplicatedOptimizerState,
+                                        modes.ShardedOptimizerState),
+        interfaces.UpdateMode: (modes.SynchronousUpdates, modes.AsynchronousUpdates),
+    }
+    assert set(implementations) == set(interfaces.INTERFACES)
+    for interface, classes in implementations.items():
+        for implementation in classes:
+            missing = [m for m in interfaces.members(interface) if not hasattr(implementation, m)]
+            assert not missing, f"{implementation.__name__} lacks {missing}"
+
+
+def test_fault_tolerance_imports_nothing_above_it():
+    above = [f"{_module_name(path)} imports {imported}"
+             for path in sorted((PACKAGE / "fault_tolerance").rglob("*.py"))
+             for imported in _tfdist_imports(path)
+             if imported.startswith(("tfdist.strategies", "tfdist.runtime", "tfdist.callbacks",
+                                     "tfdist.horovod", "tfdist.launch"))]
+    assert not above, above
 
 
 # --- the Keras surface (keras_patches/patch_points.py) ------------------------------------

@@ -282,9 +282,11 @@ def test_bad_command_lines_are_usage_errors(argv, message, capsys):
     (64, 2, True, "batch 64 per process x 2 = 128 rows per step (each process feeds its own"),
 ])
 def test_the_batch_split_is_said_in_words(batch, world, per_rank_input, said):
-    from tfdist.strategies import sharding  # pylint: disable=import-outside-toplevel
+    from tfdist.strategies import modes, sharding  # pylint: disable=import-outside-toplevel
 
-    assert sharding.describe_split(batch, world, per_rank_input).startswith(said)
+    input_mode = modes.input_mode(per_rank_input)
+    assert input_mode.describe_split(batch, world).startswith(said)
+    assert input_mode.global_batch_size(batch, world) == batch * (world if per_rank_input else 1)
     assert sum(sharding.slice_rows(batch, r, world) for r in range(world)) == batch
 
 

@@ -232,8 +232,9 @@ class LearningRateController:
         strategy = model_strategy.tfdist_strategy(model)
         seen = _first_seen_rates.get(optimizer) or _FirstSeenRate(_current_rate(optimizer))
         batch_size = model_strategy.latest_data_batch_size()
-        if batch_size is not None and strategy is not None and strategy.extended.per_rank_input:
-            batch_size *= strategy.world_size  # each rank's batch is its part of the step
+        if batch_size is not None and strategy is not None:
+            batch_size = strategy.extended.input_mode.global_batch_size(batch_size,
+                                                                        strategy.world_size)
         self._plan = RatePlan(
             terms, optimizer, seen.rate, term.params,
             world_size=strategy.world_size if strategy is not None else 1,

@@ -40,6 +40,6 @@ class StalenessAwareLearningRate(keras.callbacks.Callback):
         self._set(False)
 
     def _set(self, on):
-        remote = model_strategy.asynchronous_updates(self.model)
+        remote = model_strategy.staleness_source(self.model)
         if remote is not None:
             remote.staleness_aware_rate.assign(on)

@@ -40,14 +40,14 @@ class StalenessMonitor(keras.callbacks.Callback):
         self._epoch_start = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        remote = model_strategy.asynchronous_updates(self.model)
+        remote = model_strategy.staleness_source(self.model)
         if remote is not None:
             self._epoch_start = remote.snapshot()
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
             return
-        remote = model_strategy.asynchronous_updates(self.model)
+        remote = model_strategy.staleness_source(self.model)
         statistics = (remote.statistics(since=self._epoch_start) if remote is not None else
                       {"staleness_mean": 0.0, "staleness_max": 0, "ps_wait_ms": 0.0})
         for key in ("staleness_mean", "staleness_max", "ps_wait_ms"):

@@ -1,20 +1,23 @@
 """One object that gathers, saves, restores and shares everything a backup holds.
 
-`BackupState(callback, strategy)` is, for one `keras.callbacks.BackupAndRestore`
+`BackupState(callback, job)` is, for one `keras.callbacks.BackupAndRestore`
 under a tfdist strategy, what Horovod's `TensorFlowKerasState` is for an
 elastic job (`save` / `restore` / `sync`), on files instead of memory so that
-it survives the process:
+it survives the process. As Horovod's `State` takes its collectives injected,
+it takes what it needs of the job as a `BackupJob` (the ranks, a
+communicator, the job's state that differs by rank), which the strategy's
+layer gives it (`keras_patches.backup`): it imports nothing above it.
 
 * **save** (at the callback's save points and at the step every rank agreed
   to stop at, `keras_patches.backup`): the chief gathers the model's and the
-  optimizer's variables (with the asynchronous parameter server, first the
-  servers' parameters, optimizer slots and step counts:
-  `async_client.fetch_state`), the `training_state.TrainingState` of the
+  optimizer's variables (with parameter servers that hold state, first their
+  parameters, optimizer slots and step counts: `BackupJob.server_state`;
+  a sharded optimizer state whole: `BackupJob.whole_optimizer_state`), the `training_state.TrainingState` of the
   moment (position, seed and metric state, the steering callbacks' state) and
   `EarlyStopping`'s best weights when they changed, and writes them: the best
   weights first, then the weights file and the metadata, each atomically
   (`checkpoint_files`). Every other rank writes only its own compression
-  residuals beside it (`rank_state`);
+  residuals beside it (`BackupJob.save_rank_files`);
 * **restore** (the callback's `on_train_begin`): the chief reads - Keras'
   own load, which sets the weights and the epoch, then the metadata's
   training state; an unreadable backup is named;
@@ -30,19 +33,20 @@ it survives the process:
 
 The world size that wrote a backup does not matter: everything but the
 residuals is the same on every rank, and residuals that do not match start
-from zero with a warning (`rank_state`).
+from zero with a warning (`BackupJob.restore_rank_files`).
 
 Cost: a backup writes the weights file, a metadata file of a few kB, the
 best weights only when they improve and, per non-chief rank, its residuals;
-with the asynchronous parameter server one state pull per server. A resume
+with parameter servers that hold the state, one state pull per server. A resume
 costs the broadcasts above.
 """
 
+import contextlib
 import io
 import json
 import os
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 import keras
 import numpy as np
@@ -51,35 +55,69 @@ from absl import logging
 
 from tfdist.fault_tolerance import elastic_channel
 from tfdist.fault_tolerance.restarts import restart_count
-from tfdist.strategies import rank_state, save_records, sharded_optimizer_state
 from tfdist.fault_tolerance.checkpoint_files import save_backup, write_atomically
 from tfdist.fault_tolerance.training_state import TrainingState, callback_key
 
-# The callbacks whose state steers training or its checkpoints, and that state.
-STEERING_STATE = (
-    (keras.callbacks.EarlyStopping, ("wait", "stopped_epoch", "best", "best_epoch")),
-    (keras.callbacks.ReduceLROnPlateau, ("wait", "cooldown_counter", "best")),
-    (keras.callbacks.ModelCheckpoint, ("best", "_batches_seen_since_last_saving",
-                                       "_last_batch_seen", "_current_epoch")),
-    (keras.callbacks.BackupAndRestore, ("_batches_seen_since_last_saving", "_last_batch_seen",
-                                        "_current_epoch")),
-)
+
+class BackupFiles(Protocol):
+    """Where one `BackupAndRestore` keeps its backup (Keras' own paths), read as needed."""
+
+    weights_path: str
+    metadata_path: str
+    previous_weights_path: str
+    previous_metadata_path: str
+    last_batch_seen: int
 
 
-def steering_state(callbacks) -> Dict[str, Dict[str, Any]]:
-    state = {}
-    for callback in callbacks:
-        for kind, names in STEERING_STATE:
-            if isinstance(callback, kind):
-                state[callback_key(callback, callbacks)] = TrainingState.attributes_of(
-                    callback, names)
-    return state
+class BackupJob(Protocol):
+    """What a backup needs of the job it belongs to, given by the strategy's layer (as
+    Horovod's elastic `State` is given its collectives): the ranks, a communicator, and the
+    job's ways with state that is not the same on every rank."""
 
+    rank: int
+    world_size: int
+    is_chief: bool
+    communicator: Any
+    """`tfdist.comm.base.Communicator`: broadcasts of the chief's restored state."""
 
-def keeps_rank_state(strategy) -> bool:
-    """Whether the strategy's compressor keeps state of each rank's own (residuals)."""
-    compressor = getattr(strategy.extended.aggregator, "compressor", None)
-    return getattr(compressor, "keeps_rank_state", False)
+    def files(self, callback: Any) -> BackupFiles:
+        """The backup's paths and Keras' position of `callback`."""
+
+    def initial_epoch(self, model: Any) -> Optional[int]:
+        """The epoch Keras' restore set `model` to start from (None: the first)."""
+
+    def set_initial_epoch(self, model: Any, epoch: Optional[int]) -> None:
+        """Start `model`'s fit at `epoch` (None: the first)."""
+
+    def steering_state(self, callbacks: Sequence) -> Dict[str, Dict[str, Any]]:
+        """The state of the callbacks that steer training (EarlyStopping, ...), by key."""
+
+    def whole_optimizer_state(self, model: Any) -> contextlib.AbstractContextManager:
+        """Inside: `model`'s whole optimizer state is on this rank (every rank enters)."""
+
+    def keeping_loaded_state(self, model: Any) -> contextlib.AbstractContextManager:
+        """Inside: a load on the chief keeps the whole optimizer state it read."""
+
+    def share_loaded_state(self, model: Any) -> None:
+        """After the chief alone loaded: every rank takes its part of the optimizer state."""
+
+    def rank_local_variables(self, model: Any) -> list:
+        """Variables of `model` (or its optimizer) that hold this rank's part only."""
+
+    def server_state(self, optimizer: Any) -> Optional[dict]:
+        """Parameter servers' state for the backup (None: none)."""
+
+    def unrecorded_saves(self) -> contextlib.AbstractContextManager:
+        """Inside: saves are not recorded for other ranks to wait for."""
+
+    def save_rank_files(self, model: Any, path: str) -> None:
+        """A non-chief rank's own state, beside the chief's file at `path`."""
+
+    def restore_rank_files(self, model: Any, path: str) -> None:
+        """This rank's own state, from beside `path`."""
+
+    def remove_rank_files(self, path: str) -> None:
+        """This rank's own files beside `path`, removed."""
 
 
 class BackupState:
@@ -87,12 +125,12 @@ class BackupState:
 
     Args:
         callback: the user's `keras.callbacks.BackupAndRestore`.
-        strategy: the model's tfdist strategy.
+        job: the `BackupJob` of the model's strategy.
     """
 
-    def __init__(self, callback, strategy):
+    def __init__(self, callback, job: BackupJob):
         self.callback = callback
-        self.strategy = strategy
+        self.job = job
         self.callbacks: List[Any] = [callback]  # the fit's callback list (`prepare`)
         # EarlyStopping callback -> the best weights last written beside the backup
         self._best_written: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -104,89 +142,85 @@ class BackupState:
     # ------------------------------------------------------------------ save
     def save(self, epoch: int, steps_done: int) -> None:
         """Write the backup of the moment: `steps_done` steps of `epoch` trained."""
-        # pylint: disable=protected-access
-        with sharded_optimizer_state.consolidated(self.model):  # every rank: a sharded state
+        with self.job.whole_optimizer_state(self.model):  # every rank: a sharded state
             self._save(epoch, steps_done)
 
     def _save(self, epoch: int, steps_done: int) -> None:
-        # pylint: disable=protected-access
-        callback = self.callback
-        if not self.strategy.is_chief:
-            rank_state.save(self.model, callback._weights_path, self.strategy)
+        files = self.job.files(self.callback)
+        if not self.job.is_chief:
+            self.job.save_rank_files(self.model, files.weights_path)
             return
-        remote = self.strategy.extended.remote_updates
-        servers = (remote.fetch_state(self.model.optimizer)  # into the weights file's variables
-                   if remote is not None and self.model.optimizer is not None else None)
-        state = TrainingState.capture(self.model, epoch, steps_done, self.strategy.world_size,
-                                      steering_state(self.callbacks), servers)
+        # With parameter servers, their state, pulled into the weights file's variables.
+        servers = self.job.server_state(self.model.optimizer)
+        state = TrainingState.capture(self.model, epoch, steps_done, self.job.world_size,
+                                      self.job.steering_state(self.callbacks), servers)
         self._save_best_weights()
-        previous = ((callback._prev_weights_path, callback._prev_training_metadata_path)
-                    if callback.double_checkpoint else None)
-        with save_records.unrecorded():  # written and read by the chief only
-            save_backup(self.model, (callback._weights_path, callback._training_metadata_path),
-                        previous, {"epoch": epoch, "batch": callback._last_batch_seen,
+        previous = ((files.previous_weights_path, files.previous_metadata_path)
+                    if self.callback.double_checkpoint else None)
+        with self.job.unrecorded_saves():  # written and read by the chief only
+            save_backup(self.model, (files.weights_path, files.metadata_path),
+                        previous, {"epoch": epoch, "batch": files.last_batch_seen,
                                    "tfdist": state.to_json()})
         elastic_channel.record_backup(dict(state.position))  # an elastic launcher's resize line
 
     def remove(self) -> None:
         """End of fit, every rank: its own residual file (the chief's callback deletes the
         directory)."""
-        rank_state.remove(self.callback._weights_path, self.strategy)  # pylint: disable=protected-access
+        self.job.remove_rank_files(self.job.files(self.callback).weights_path)
 
     # --------------------------------------------------------------- restore
     def restore(self, keras_restore, logs=None) -> Optional[TrainingState]:
         """Read the backup on the chief (`keras_restore`: the callback's own `on_train_begin`),
         then `sync` it to every rank; the training state to resume from (None: nothing to
         resume, or a backup plain Keras wrote)."""
-        # pylint: disable=protected-access
         restored, state = False, None
         if self._backup_exists():
             _build_optimizer(self.model)  # its state is in the backup (built on every rank)
-        if self.strategy.is_chief:
-            restored = tf.io.gfile.exists(self.callback._weights_path)
-            with sharded_optimizer_state.keeping_loaded(self.model):  # shared by `sync`
-                keras_restore(logs)  # Keras' own: the weights, the epoch into model._initial_epoch
+        if self.job.is_chief:
+            restored = tf.io.gfile.exists(self.job.files(self.callback).weights_path)
+            with self.job.keeping_loaded_state(self.model):  # shared by `sync`
+                keras_restore(logs)  # Keras' own: the weights, and the epoch to start from
             state = self._read_training_state() if restored else None
             if not restored and restart_count():
                 print(f"tfdist: restart {restart_count()}: no backup in "
                       f"{self.callback.backup_dir}: training starts from the beginning",
                       flush=True)
-        if self.strategy.world_size > 1:
+        if self.job.world_size > 1:
             restored, state = self.sync(restored, state)
         return state if restored else None
 
     def _backup_exists(self) -> bool:
         """Whether the chief sees a backup to restore (told to every rank)."""
-        exists = (self.strategy.is_chief
-                  and tf.io.gfile.exists(self.callback._weights_path))  # pylint: disable=protected-access
-        if self.strategy.world_size == 1:
+        exists = (self.job.is_chief
+                  and tf.io.gfile.exists(self.job.files(self.callback).weights_path))
+        if self.job.world_size == 1:
             return exists
-        communicator = self.strategy.extended.communicator
+        communicator = self.job.communicator
         return bool(communicator.broadcast(tf.constant([int(exists)], tf.int64)).numpy()[0])
 
     def sync(self, restored: bool, state: Optional[TrainingState]):
         """The chief's (restored, state), weights and optimizer on every rank; each rank's own
         residuals."""
-        model, communicator = self.model, self.strategy.extended.communicator
+        model, communicator = self.model, self.job.communicator
         restored, epoch = communicator.broadcast(tf.constant(
-            [int(restored), model._initial_epoch or 0], tf.int64)).numpy()  # pylint: disable=protected-access
+            [int(restored), self.job.initial_epoch(model) or 0], tf.int64)).numpy()
         if not restored:
             return False, None
-        model._initial_epoch = int(epoch) or None  # pylint: disable=protected-access
+        self.job.set_initial_epoch(model, int(epoch) or None)
         state = TrainingState.share(communicator, state)
         _build_optimizer(model)
-        sliced = {id(v) for v in sharded_optimizer_state.sharded_slots(model)}
+        sliced = {id(v) for v in self.job.rank_local_variables(model)}
         variables = list(model.weights) + list(model.optimizer.variables
                                                 if model.optimizer else [])
         for variable in variables:
             if id(variable) not in sliced:
                 variable.assign(communicator.broadcast(variable.value))
-        sharded_optimizer_state.share_loaded_state(model)  # each rank its slices of the chief's
-        rank_state.restore(model, self.callback._weights_path, self.strategy)  # pylint: disable=protected-access
+        self.job.share_loaded_state(model)  # each rank its slices of the chief's
+        self.job.restore_rank_files(model, self.job.files(self.callback).weights_path)
         return True, state
 
     def _read_training_state(self) -> Optional[TrainingState]:
-        path = self.callback._training_metadata_path  # pylint: disable=protected-access
+        path = self.job.files(self.callback).metadata_path
         if not tf.io.gfile.exists(path):
             return None
         with tf.io.gfile.GFile(path, "r") as f:
@@ -196,12 +230,11 @@ class BackupState:
         """The chief's read of the backup (`keras_load`: Keras' `_load_model`): an unreadable
         backup is named; Keras then falls back to the previous one (`double_checkpoint=True`),
         or fails with what to do."""
-        # pylint: disable=protected-access
         callback = self.callback
         try:
             return keras_load()
         except OSError as error:
-            if tf.io.gfile.exists(callback._prev_weights_path):
+            if tf.io.gfile.exists(self.job.files(callback).previous_weights_path):
                 print(f"tfdist: the backup in {callback.backup_dir} cannot be read ({error}): "
                       "resuming from the previous one", flush=True)
                 raise
@@ -219,11 +252,11 @@ class BackupState:
             if recorded is None or "best_epoch" not in recorded:
                 continue
             weights = (_read_best_weights(self._best_weights_path(key), recorded["best_epoch"])
-                       if self.strategy.is_chief else None)
-            if self.strategy.world_size > 1:
+                       if self.job.is_chief else None)
+            if self.job.world_size > 1:
                 weights = self._shared(weights)
             if weights is None:
-                if self.strategy.is_chief:
+                if self.job.is_chief:
                     logging.warning("tfdist: EarlyStopping(restore_best_weights=True) resumed "
                                     "without its best weights (no file of epoch %d beside the "
                                     "backup): it restores the best weights seen since the "
@@ -239,7 +272,6 @@ class BackupState:
     def _save_best_weights(self) -> None:
         """Each such callback's best weights, tagged with its `best_epoch`, if new since the
         last backup (they change only when the monitored value improves)."""
-        # pylint: disable=protected-access
         for callback in _keeping_best_weights(self.callbacks):
             weights = callback.best_weights
             if weights is None or weights is self._best_written.get(callback):
@@ -259,7 +291,7 @@ class BackupState:
 
     def _shared(self, weights):
         """The chief's `weights` (or None) on every rank."""
-        communicator = self.strategy.extended.communicator
+        communicator = self.job.communicator
         found = int(communicator.broadcast(tf.constant([int(weights is not None)], tf.int64))
                     .numpy()[0])
         if not found:

@@ -49,23 +49,18 @@ class CommunicationReport:
         before, self._start = self._start, now
         if before is None:
             return {}
-        counters_before, remote_before, clock_before = before
-        counters_now, remote_now, clock_now = now
+        counters_before, servers_before, clock_before = before
+        counters_now, _, clock_now = now
         result = measurements(counters_before, counters_now, self.world_size,
                               clock_now - clock_before)
         for key in [k for k in result if k.startswith("server_")]:
             result[f"ps/{key}"] = result.pop(key)
-        remote = self.strategy.extended.remote_updates
-        if remote is not None and result:
-            statistics = remote.statistics(since=remote_before)
-            result.update({"ps/staleness_mean": statistics["staleness_mean"],
-                           "ps/staleness_max": statistics["staleness_max"],
-                           "ps/wait_ms": statistics["ps_wait_ms"]})
+        if result:  # the update mode's: staleness and gate waits of the asynchronous servers
+            result.update(self.strategy.extended.updates.statistics(since=servers_before))
         return result
 
     def _read(self):
-        remote = self.strategy.extended.remote_updates
-        return (self.counters.snapshot(), remote.snapshot() if remote is not None else None,
+        return (self.counters.snapshot(), self.strategy.extended.updates.statistics_snapshot(),
                 time.perf_counter())
 
     def describe(self):

@@ -8,7 +8,7 @@ decides which rows form a batch or how many steps and epochs run.
 `call_signature` turns a call's arguments into integers (None as -1, a
 flag as 0/1, anything else as a 63-bit hash of its `repr`), which the epoch
 iterator's check compares across ranks with the data's own fingerprint in
-one all-gather (`DataParallelExtended.check_same_data`), naming the argument
+one all-gather (`same_data_check`), naming the argument
 and each rank's value when they differ.
 
 Cost: a hash per argument, once per call.
@@ -16,8 +16,8 @@ Cost: a hash per argument, once per call.
 
 import hashlib
 
-# With a sharded optimizer state, the callbacks that save it (`state_savers`): every rank's
-# slices go into the file, so every rank must have them (Horovod's scripts give them to rank 0).
+# The callbacks that save the optimizer state, where the optimizer-state mode compares them
+# (`OptimizerStateMode.state_savers`: a sharded state needs every rank's slices in the file).
 STATE_SAVERS = "checkpoint callbacks of a sharded optimizer state"
 
 # The call each epoch iterator belongs to, and the arguments compared (the order is fixed).
@@ -53,18 +53,6 @@ def call_signature(call, arguments):
         arguments["steps"] = arguments.pop("steps_per_epoch")
     arguments["sample_weight"] = arguments.get("sample_weight") is not None
     return [CALLS.index(call)] + [_as_integer(arguments.get(name)) for name in ARGUMENTS]
-
-
-def state_savers(callbacks, sharded):
-    """How many of `callbacks` save the model's optimizer state (ModelCheckpoint,
-    BackupAndRestore), when `sharded` (the state is sharded across the ranks); else None."""
-    if not sharded:
-        return None
-    import keras  # pylint: disable=import-outside-toplevel
-
-    flat = keras.tree.flatten(callbacks) if callbacks else []
-    return sum(isinstance(c, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore))
-               for c in flat)
 
 
 def describe(value):

@@ -4,9 +4,11 @@ The Keras patches (`keras_patches`), the callbacks and the profiling report
 reach a tfdist strategy's implementation through `strategy.extended`. These
 are the only members they may use; `tests/test_structure.py` checks that
 every `extended.<member>` read outside the strategy's own modules is
-declared here and that both implementations (`DataParallelExtended`, the
-synchronous strategies; `AsynchronousExtended`, the asynchronous parameter
-server) provide every member. A new use starts with a line here.
+declared here and that the implementation (`DataParallelExtended`) provides
+every member. Which input, optimizer state and update the strategy has is
+not a flag here but three objects (`input_mode`, `optimizer_state`,
+`updates`), called through their own declared interfaces
+(`tfdist.strategies.modes.interfaces`). A new use starts with a line here.
 """
 
 import contextlib
@@ -18,25 +20,22 @@ if TYPE_CHECKING:
     from tfdist.profiling.counters import CommunicationCounters
     from tfdist.fault_tolerance.agreed_flags import AgreedFlags
     from tfdist.fault_tolerance.preemption import PreemptionNotice
+    from tfdist.strategies.modes.interfaces import InputMode, OptimizerStateMode, UpdateMode
 
 
 @runtime_checkable
 class StrategyExtended(Protocol):
     """The members of a tfdist strategy's `extended` object that other layers use."""
 
-    # ------------------------------------------------------------ what it is
-    asynchronous: bool
-    """Training steps go to asynchronous parameter servers (workers not in step)."""
+    # ------------------------------------------------------------ its modes
+    input_mode: "InputMode"
+    """What each rank's data is (`modes.interfaces.InputMode`)."""
 
-    per_rank_input: bool
-    """Each rank's data is its own (Horovod's semantics); False: every rank passes the same
-    global data and takes its slice."""
+    optimizer_state: "OptimizerStateMode"
+    """Where the optimizer state lives (`modes.interfaces.OptimizerStateMode`)."""
 
-    shard_optimizer_state: bool
-    """Optimizer state sharded across the ranks (ZeRO stage 1,
-    `tfdist.strategies.sharded_optimizer_state`)."""
-    remote_updates: Optional[Any]
-    """The asynchronous parameter-server client of the workers, or None (synchronous)."""
+    updates: "UpdateMode"
+    """How a step's gradients reach the weights (`modes.interfaces.UpdateMode`)."""
 
     communication_counters: "CommunicationCounters"
     """`tfdist.profiling.counters.CommunicationCounters` of this process's steps."""
@@ -73,7 +72,10 @@ class StrategyExtended(Protocol):
 
     def push_gradients(self, optimizer: Any, gradients: Sequence[Any], variables: Sequence[Any],
                        weighted_in_loss: bool) -> Any:
-        """Inside an asynchronous train step: send the gradients to the servers."""
+        """Inside a `REMOTE` train step: send the gradients to the servers (`updates`)."""
+
+    def fit_callbacks(self) -> list:
+        """The modes' callbacks every fit / evaluate / predict of the strategy's models gets."""
 
     def set_compression(self, compression: Any) -> None:
         """Compress gradients on the wire with `compression` from now on (before an optimizer

@@ -36,8 +36,7 @@ def start_up_line(strategy, engine_reason=None):
     if engine_reason:
         line += f" ({engine_reason})"
     line += f", compression {extended.compression_name}"
-    if extended.per_rank_input:
-        line += ", each process feeding its own batches (Horovod's semantics)"
+    line += extended.input_mode.summary()
     return line + "; " + devices()
 
 

@@ -6,11 +6,10 @@ from tfdist.aggregation.compression import Compressor
 from tfdist import chief_log, runtime
 from tfdist.errors import ServerRoleFinished
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
-from tfdist.aggregation.parameter_server.async_client import AsyncParameterServerClient
 from tfdist.aggregation.parameter_server.colocated import ColocatedServer
-from tfdist.strategies.asynchronous import AsynchronousExtended
+from tfdist.strategies import modes
+from tfdist.strategies.modes.asynchronous_updates import AsynchronousUpdates
 from tfdist.strategies.data_parallel import DataParallelStrategy
-from tfdist.strategies.sharded_optimizer_state import refuse_sharding
 
 MODES = ("sync", "async")
 
@@ -80,10 +79,10 @@ class ParameterServerStrategy(DataParallelStrategy):
                  staleness: Optional[int] = None, piece_bytes: int = DEFAULT_PIECE_BYTES,
                  compression: Union[str, Compressor, None] = None,
                  shard_optimizer_state: bool = False):
-        if shard_optimizer_state:
-            refuse_sharding("ParameterServerStrategy", runtime.cluster().rank,
-                            "its servers already keep the parameters and the optimizer state, "
-                            "each server its part, and no worker holds optimizer state")
+        optimizer_state = modes.replicated_state_only(
+            shard_optimizer_state, "ParameterServerStrategy", runtime.cluster().rank,
+            "its servers already keep the parameters and the optimizer state, each server its "
+            "part, and no worker holds optimizer state")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}. Got: {mode!r}")
         if mode == "sync" and staleness is not None:
@@ -108,11 +107,9 @@ class ParameterServerStrategy(DataParallelStrategy):
         self.num_servers = available
         self.colocated = not dedicated
         self.piece_bytes = piece_bytes
-        self._remote_updates = None
-        if mode == "async":
-            self.extended_class = AsynchronousExtended
-        super().__init__(self._make_aggregator, engine="collective", compression=compression)
-        self.extended.remote_updates = self._remote_updates
+        self._asynchronous_updates = AsynchronousUpdates(staleness) if mode == "async" else None
+        super().__init__(self._make_aggregator, engine="collective", compression=compression,
+                         optimizer_state=optimizer_state, updates=self._asynchronous_updates)
 
     def _make_aggregator(self, communicator):
         cluster = runtime.cluster()
@@ -126,7 +123,6 @@ class ParameterServerStrategy(DataParallelStrategy):
                        cluster.world_size, ", ".join(addresses))
         aggregator = ParameterServerAggregator(cluster.rank, cluster.world_size, addresses,
                                                cluster.timeout, self.piece_bytes)
-        if self.mode == "async":
-            self._remote_updates = AsyncParameterServerClient(
-                cluster.rank, aggregator.clients, self.staleness, communicator)
+        if self._asynchronous_updates is not None:  # its client shares the servers' connections
+            self._asynchronous_updates.connect(aggregator, cluster.rank, communicator)
         return aggregator

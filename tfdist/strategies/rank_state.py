@@ -35,6 +35,12 @@ from tfdist.fault_tolerance.checkpoint_files import write_atomically
 _RANK_OWN = weakref.WeakKeyDictionary()  # optimizer -> its rank-own variables, in build order
 
 
+def keeps_rank_state(strategy) -> bool:
+    """Whether the strategy's compressor keeps state of each rank's own (residuals)."""
+    compressor = getattr(strategy.extended.aggregator, "compressor", None)
+    return getattr(compressor, "keeps_rank_state", False)
+
+
 def remember(optimizer, variables):
     """Record `variables` (built by the aggregation hook, `Aggregator.rank_variables`) as
     `optimizer`'s rank-own state."""

@@ -39,7 +39,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdist.strategies import rank_state, sharded_optimizer_state
+from tfdist.strategies import rank_state
+from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 
 _SHOWN = 5  # variables named in an error
 
@@ -50,10 +51,12 @@ class ReplicasDiverged(RuntimeError):
 
 def compared_variables(model) -> list:
     """The variables every rank must hold alike: the model's weights and its optimizer's
-    variables, less each rank's own state (`rank_state`) and the slices of a sharded
-    optimizer state (`sharded_optimizer_state`)."""
+    variables, less each rank's own state (`rank_state`) and the optimizer-state mode's
+    rank-local slots (a sharded state's slices)."""
     own = {id(v) for v in rank_state.rank_own_variables(model)}
-    own |= {id(v) for v in sharded_optimizer_state.sharded_slots(model)}  # each rank's slices
+    strategy = tfdist_strategy(model)
+    if strategy is not None:
+        own |= {id(v) for v in strategy.extended.optimizer_state.rank_local_slots(model)}
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.weights)
     if optimizer is not None and getattr(optimizer, "built", False):

@@ -10,7 +10,7 @@ from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.horovod import horovod_available
 from tfdist.comm.tf_collective import check_implementation
 from tfdist.strategies.data_parallel import DataParallelStrategy
-from tfdist.strategies.sharded_optimizer_state import check_shardable_compression
+from tfdist.strategies import modes
 
 BACKENDS = ("auto", "horovod", "collective")
 
@@ -115,7 +115,5 @@ class RingAllReduceStrategy(DataParallelStrategy):
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
             per_rank_input=per_rank_input, engine_reason=why,
+            optimizer_state=modes.optimizer_state(shard_optimizer_state),
         )
-        if shard_optimizer_state:
-            check_shardable_compression(self.extended.compression_name, self.rank)
-            self.extended.shard_optimizer_state = True

@@ -486,28 +486,5 @@ def share_loaded_state(model, root: int = 0) -> None:
         shards.share_loaded(root)
 
 
-# Compressions a sharded optimizer takes: a stateless wire format. A compressor with error
-# feedback keeps a residual per rank and gradient, which the sharding would have to follow.
-SHARDABLE_COMPRESSIONS = ("none", "fp16")
-
-
-def check_shardable_compression(compression_name: str, rank: int) -> None:
-    """A clear error unless `compression_name` can go with a sharded optimizer state."""
-    if compression_name not in SHARDABLE_COMPRESSIONS:
-        raise ValueError(
-            f"tfdist rank {rank}: shard_optimizer_state=True cannot go with "
-            f"compression={compression_name!r}: a lossy compressor keeps each rank's error "
-            "feedback for every whole gradient, and its approximation is no longer the update "
-            "one process makes; use compression=None or 'fp16', or shard_optimizer_state=False.")
-
-
-def refuse_sharding(strategy_name: str, rank: int, why: str) -> None:
-    """The error of a strategy that does not shard optimizer state, saying why."""
-    raise ValueError(
-        f"tfdist rank {rank}: {strategy_name} cannot shard the optimizer state "
-        f"(shard_optimizer_state=True): {why}. Use "
-        "RingAllReduceStrategy(shard_optimizer_state=True).")
-
-
 def _path(variable) -> str:
     return str(getattr(variable, "path", None) or variable.name)

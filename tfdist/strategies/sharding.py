@@ -111,19 +111,3 @@ def shard_global_batch(dataset, rank, world_size):
 def slice_rows(global_rows, rank, world_size):
     """Rows of rank `rank`'s slice of a global batch of `global_rows` (`shard_global_batch`'s)."""
     return ((rank + 1) * global_rows) // world_size - (rank * global_rows) // world_size
-
-
-def describe_split(batch_size, world_size, per_rank_input=False):
-    """How a `fit` batch size is split, in words: "global batch 128 = 64 per process x 2".
-
-    `per_rank_input` (Horovod's semantics): `batch_size` is each rank's own.
-    """
-    if per_rank_input:
-        return (f"batch {batch_size} per process x {world_size} = {batch_size * world_size} "
-                "rows per step (each process feeds its own batches, as in Horovod)")
-    sizes = sorted({slice_rows(batch_size, rank, world_size) for rank in range(world_size)})
-    per_process = "-".join(str(size) for size in sizes)
-    note = "" if len(sizes) == 1 else " (uneven slices are weighted by their rows: exact)"
-    return (f"global batch {batch_size} = {per_process} per process x {world_size}{note}; "
-            "fit's batch_size is the global batch, as in tf.distribute")
-

@@ -65,9 +65,8 @@ class StepPlan:
         return self.updates == REMOTE
 
 
-def plan_step(*, one_process, is_keras_train_step, is_train_step, is_user_function,
-              asynchronous=False):
-    """The `StepPlan` of a step.
+def plan_step(*, one_process, is_keras_train_step, is_train_step, is_user_function):
+    """The `StepPlan` of a step of every rank together (`SynchronousUpdates`).
 
     Args:
         one_process: one training process.
@@ -75,16 +74,20 @@ def plan_step(*, one_process, is_keras_train_step, is_train_step, is_user_functi
         is_train_step: the step is fit's (Keras' own or a custom `train_step`).
         is_user_function: a user's function run by `strategy.run` (not a
             Keras step).
-        asynchronous: training steps go to asynchronous parameter servers
-            (the others run on each worker alone).
     """
     if one_process:
         updates = LOCAL
-    elif asynchronous:
-        updates = REMOTE if is_train_step else LOCAL
     elif is_keras_train_step:
         updates = DEFERRED
     else:
         updates = IMMEDIATE
-    return StepPlan(updates, scaled_by_user=is_user_function and updates in (IMMEDIATE, REMOTE),
+    return StepPlan(updates, scaled_by_user=is_user_function and updates == IMMEDIATE,
+                    training=is_train_step)
+
+
+def plan_remote_step(*, one_process, is_train_step, is_user_function):
+    """The `StepPlan` of a step when servers apply the updates (`AsynchronousUpdates`):
+    training steps `REMOTE`, the others run on each worker alone (`LOCAL`)."""
+    updates = REMOTE if is_train_step and not one_process else LOCAL
+    return StepPlan(updates, scaled_by_user=is_user_function and updates == REMOTE,
                     training=is_train_step)

@@ -8,7 +8,7 @@ from tfdist.aggregation.tree import (DEFAULT_CHUNK_BYTES, ReductionTreeAggregato
                                     validate_fanout)
 from tfdist import runtime
 from tfdist.strategies.data_parallel import DataParallelStrategy
-from tfdist.strategies.sharded_optimizer_state import refuse_sharding
+from tfdist.strategies import modes
 
 
 class ReductionTreeStrategy(DataParallelStrategy):
@@ -54,15 +54,14 @@ class ReductionTreeStrategy(DataParallelStrategy):
                  compression: Union[str, Compressor, None] = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  shard_optimizer_state: bool = False):
-        if shard_optimizer_state:
-            refuse_sharding("ReductionTreeStrategy", runtime.cluster().rank,
-                            "the tree sums through its root and sends every rank the whole "
-                            "sum; sharding pairs the ring's all-reduce with its all-gather of "
-                            "the parameters")
+        optimizer_state = modes.replicated_state_only(
+            shard_optimizer_state, "ReductionTreeStrategy", runtime.cluster().rank,
+            "the tree sums through its root and sends every rank the whole sum; sharding pairs "
+            "the ring's all-reduce with its all-gather of the parameters")
         self.fanout = validate_fanout(fanout)
         super().__init__(
             lambda communicator: ReductionTreeAggregator(
                 communicator, fanout, chunk_bytes, fusion_threshold_bytes,
                 first_bucket_bytes),
-            engine="collective", compression=compression,
+            engine="collective", compression=compression, optimizer_state=optimizer_state,
         )

@@ -39,7 +39,9 @@ import keras
 from absl import logging
 
 from tfdist import errors
-from tfdist.fault_tolerance.backup_state import BackupState, keeps_rank_state
+from tfdist.fault_tolerance.backup_state import BackupState
+from tfdist.strategies import rank_state
+from tfdist.strategies.keras_patches.backup_job import StrategyBackupJob
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE
 from tfdist.strategies.keras_patches.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
@@ -73,8 +75,8 @@ class DistributedBackup:
         self._tfdist_position = (0, 0)
         state = keeper.restore(super().on_train_begin, logs)
         if state is not None:
-            _resume(self, state, keeper.strategy)
-        keeper.strategy.extended.preemption.arm()
+            _resume(self, state, keeper.job.strategy)
+        keeper.job.strategy.extended.preemption.arm()
 
     def on_epoch_begin(self, epoch, logs=None):
         position = self._tfdist_position
@@ -103,9 +105,9 @@ class DistributedBackup:
         where ranks keep such files, the chief deletes the directory after every rank did
         (a barrier)."""
         keeper = self._tfdist_state
-        strategy = keeper.strategy
+        strategy = keeper.job.strategy
         strategy.extended.preemption.disarm()
-        own_files = strategy.world_size > 1 and keeps_rank_state(strategy)
+        own_files = strategy.world_size > 1 and rank_state.keeps_rank_state(strategy)
         if not strategy.is_chief:
             keeper.remove()
             if own_files:
@@ -128,15 +130,14 @@ def _resume(callback, state, strategy):
                         "%d: resuming at the start of epoch %d.", iterations,
                         position["iterations"], position["epoch"] + 1)
         position["steps_done"] = 0
-    model._initial_epoch = position["epoch"] or None
+    model._initial_epoch = position["epoch"] or None  # declared: patch_points.PRIVATE_ATTRIBUTES
     callback._tfdist_position = (position["epoch"], position["steps_done"])
     state.apply_random_state(model)
     call = fit_session.current_fit(model)
     if call is not None:  # the fit's iterator replays the input to the backup; its callbacks
         call.replay_to = (position["epoch"], position["steps_done"], state, model)
         call.resume_state = state  # get the backup's state after every on_train_begin
-    if strategy.extended.remote_updates is not None and state.servers is not None:
-        strategy.extended.remote_updates.resume_servers_from(state.servers)
+    strategy.extended.updates.resume_servers_from(state.servers)
     if strategy.is_chief:
         written_by = position["world_size"]
         print(f"tfdist: resuming from the backup in {callback.backup_dir}: epoch "
@@ -241,8 +242,7 @@ def back_up_if_preempted(callback_list):
     if strategy is None or not strategy.extended.preemption.agreed():
         return
     started = time.monotonic()
-    if strategy.world_size > 1 and strategy.extended.asynchronous:
-        strategy.extended.barrier("before the preemption backup")  # every worker's last push in
+    strategy.extended.updates.before_preemption_backup()
     callback._save_model()  # pylint: disable=protected-access
     if strategy.world_size > 1:
         strategy.extended.barrier("after the preemption backup")
@@ -277,7 +277,8 @@ def prepare(callbacks, model):
         if not isinstance(callback, keras.callbacks.BackupAndRestore):
             continue
         if getattr(callback, "_tfdist_state", None) is None:
-            callback._tfdist_state = BackupState(callback, strategy)  # pylint: disable=protected-access
+            callback._tfdist_state = BackupState(  # pylint: disable=protected-access
+                callback, StrategyBackupJob(strategy))
             patch_points.adopt(callback, "BackupAndRestore", DistributedBackup)
         callback._tfdist_state.callbacks = callbacks  # pylint: disable=protected-access
 

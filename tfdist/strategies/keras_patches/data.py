@@ -18,7 +18,7 @@ from absl import logging
 
 from tfdist import chief_log, errors
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
-from tfdist.strategies import call_arguments, sharding
+from tfdist.strategies import call_arguments
 from tfdist.strategies.keras_patches import backup, fit_session
 from tfdist.strategies.data_fingerprint import array_fingerprint
 from tfdist.strategies.keras_patches import keras_internals
@@ -137,21 +137,10 @@ def _optimizer_left_unbuilt(model):
             optimizer.built = False
 
 
-def _rank_slice(value, rank, world_size):
-    """This rank's rows of an array-like batch (unchanged if it has no rows)."""
-    shape = getattr(value, "shape", None)
-    if shape is None or len(shape) == 0:
-        return value
-    rows = int(shape[0])
-    return value[(rank * rows) // world_size:((rank + 1) * rows) // world_size]
-
-
 def _install_on_batch_sharding():
-    """`train_on_batch`/`test_on_batch`/`predict_on_batch` take a global batch.
-
-    As in `fit`, each rank works on its slice of the batch, so the update,
-    the logs and the predictions (all rows, gathered) match one process.
-    """
+    """`train_on_batch`/`test_on_batch`/`predict_on_batch` take their batch as `fit` does:
+    the input mode's (`on_batch_arguments`: under the global-batch mode each rank works on
+    its slice, so the update, the logs and the gathered predictions match one process)."""
     for method_name in ("train_on_batch", "test_on_batch", "predict_on_batch"):
         original = getattr(keras.Model, method_name)
 
@@ -159,13 +148,9 @@ def _install_on_batch_sharding():
             strategy = tfdist_strategy(self)
             if strategy is None and _method_name == "train_on_batch":
                 refuse_training_outside_scope(self, _method_name)
-            if (strategy is not None and strategy.world_size > 1
-                    and not strategy.extended.per_rank_input):
-                slicer = lambda v: _rank_slice(v, strategy.rank, strategy.world_size)
-                args = keras.tree.map_structure(slicer, args)
-                kwargs = {key: (value if key in ("class_weight", "return_dict")
-                                else keras.tree.map_structure(slicer, value))
-                          for key, value in kwargs.items()}
+            if strategy is not None and strategy.world_size > 1:
+                args, kwargs = strategy.extended.input_mode.on_batch_arguments(
+                    args, kwargs, strategy.rank, strategy.world_size)
             return _original(self, *args, **kwargs)
 
         patch_points.replace("keras.Model", method_name, on_batch)
@@ -250,8 +235,9 @@ def _state_the_split(strategy):
     batch_size = latest_data_batch_size()
     if batch_size is not None:
         chief_log.info(strategy.is_chief, "tfdist: %s",
-                       sharding.describe_split(batch_size, strategy.world_size,
-                                               strategy.extended.per_rank_input), once=True)
+                       strategy.extended.input_mode.describe_split(batch_size,
+                                                                   strategy.world_size),
+                       once=True)
 
 
 def _install_call_recording():
@@ -272,9 +258,9 @@ def _install_call_recording():
             bound.apply_defaults()
             arguments = dict(bound.arguments, steps_per_execution=self.steps_per_execution)
             arguments.pop("kwargs", None)
-            arguments[call_arguments.STATE_SAVERS] = call_arguments.state_savers(
-                arguments.get("callbacks"),
-                getattr(self._distribute_strategy.extended, "shard_optimizer_state", False))
+            arguments[call_arguments.STATE_SAVERS] = (
+                self._distribute_strategy.extended.optimizer_state.state_savers(
+                    arguments.get("callbacks")))
             try:
                 with fit_session.running(self, _name,
                                          call_arguments.call_signature(_name, arguments)):

@@ -60,10 +60,11 @@ def tfdist_strategy(model):
     return strategy if is_tfdist_strategy(strategy) else None
 
 
-def asynchronous_updates(model):
-    """The asynchronous parameter-server client of `model`'s strategy, or None (synchronous)."""
+def staleness_source(model):
+    """What the staleness callbacks read of `model`'s strategy (its update mode's
+    `staleness_source`: the asynchronous parameter server's client), or None."""
     strategy = tfdist_strategy(model)
-    return strategy.extended.remote_updates if strategy is not None else None
+    return strategy.extended.updates.staleness_source() if strategy is not None else None
 
 
 def is_tfdist_strategy(strategy):

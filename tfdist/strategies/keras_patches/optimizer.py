@@ -2,6 +2,7 @@
 
 import functools
 import threading
+import weakref
 
 import tensorflow as tf
 
@@ -11,8 +12,7 @@ from tfdist.strategies.step_plan import DEFERRED, REMOTE
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import (BaseOptimizer, LossScaleOptimizer,
                                                               TFOptimizer)
-from tfdist.strategies.keras_patches import optimizer_sharding, patch_points
-from tfdist.strategies.sharded_optimizer_state import shards_of
+from tfdist.strategies.keras_patches import patch_points
 
 
 def _build_as_apply_does(optimizer, variables):
@@ -23,42 +23,30 @@ def _build_as_apply_does(optimizer, variables):
     optimizer.built = True
 
 
-def _refuse_local_gradients_if_sharded(optimizer):
-    """A sharded optimizer applies global gradients only: inside a step of its strategy."""
-    shards = shards_of(optimizer)
-    if shards is not None:
-        raise ValueError(
-            f"tfdist rank {shards.rank}: {optimizer.name}'s state is sharded across the ranks "
-            "(shard_optimizer_state=True): apply its gradients inside strategy.run(...) (or "
-            "fit), where they are summed over the ranks first.")
-
-
 _as_given = threading.local()  # .active: an apply of gradients the script reduced itself
 
 
-def _apply_as_given(optimizer, original, grads, trainable_variables, strategy):
-    """`apply_gradients` of a custom loop outside `strategy.run`, in the cross-replica context
-    of a tfdist strategy (TensorFlow's default since `hvd.init()`).
+def _applying_as_given(original, strategy):
+    """Keras' `apply` of gradients the script reduced itself (or keeps local), in this rank's
+    replica context (Keras' TF optimizer needs one) with its all-reduce skipped."""
+    def apply(optimizer, grads, trainable_variables):
+        _as_given.active = True
+        try:
+            with strategy.extended.replica_context():
+                return original(optimizer, grads, trainable_variables)
+        finally:
+            _as_given.active = False
 
-    Under Horovod's semantics (a per-rank-input strategy: `tfdist.horovod`) the optimizer
-    applies what it is given, as Horovod's does: the script reduced the gradients itself
-    (`DistributedGradientTape`, `hvd.allreduce`) or keeps them local. Keras' TF optimizer
-    needs a replica context there; it gets this rank's, with its all-reduce skipped. Under a
-    global-batch strategy such gradients would be this rank's alone: refused, naming the way.
-    """
-    if not strategy.extended.per_rank_input:
-        raise ValueError(
-            f"tfdist rank {strategy.rank}: {optimizer.name}.apply_gradients was called outside "
-            "strategy.run(...), with this rank's gradients only: the ranks would drift apart. "
-            "Compute and apply the gradients inside strategy.run(step_fn, args=...) (the "
-            "TensorFlow guide's custom loop), where they are summed over the ranks, or use "
-            "tfdist.horovod.tensorflow's DistributedGradientTape.")
-    _as_given.active = True
-    try:
-        with strategy.extended.replica_context():
-            return original(optimizer, grads, trainable_variables)
-    finally:
-        _as_given.active = False
+    return apply
+
+
+# optimizer -> the tfdist strategy it was built under (weak: nothing kept alive)
+_built_under: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _tfdist_strategy():
+    strategy = tf.distribute.get_strategy()
+    return strategy if getattr(strategy, "is_tfdist_data_parallel", False) else None
 
 
 def install():
@@ -81,14 +69,20 @@ def install():
             step = replica_step.current()
             if step is not None and step.gradients_aggregated:
                 return _apply_global(self, grads, trainable_variables)
+            strategy = _tfdist_strategy()
             if step is None:
-                _refuse_local_gradients_if_sharded(self)
-                strategy = tf.distribute.get_strategy()
-                if (getattr(strategy, "is_tfdist_data_parallel", False)
-                        and tf.distribute.in_cross_replica_context()):
-                    return _apply_as_given(self, original, grads, trainable_variables, strategy)
+                builder = _built_under.get(self)  # in any scope: a sharded state is refused
+                if builder is not None:
+                    builder.extended.optimizer_state.refuse_local_gradients(self)
+                if strategy is None:
+                    return original(self, grads, trainable_variables)
+                if tf.distribute.in_cross_replica_context():
+                    # `apply_gradients` of a custom loop outside `strategy.run` (TensorFlow's
+                    # default strategy since `hvd.init()`): applied as given, or refused.
+                    return strategy.extended.input_mode.apply_outside_run(
+                        self, _applying_as_given(original, strategy), grads,
+                        trainable_variables, strategy)
                 return original(self, grads, trainable_variables)
-            strategy = tf.distribute.get_strategy()
             grads = list(grads)
             if trainable_variables is not None and grads and not self.built:
                 _build_as_apply_does(self, list(trainable_variables))
@@ -97,7 +91,7 @@ def install():
             if step.plan.updates == REMOTE:  # asynchronous: the servers apply
                 return strategy.extended.push_gradients(
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
-            scatter_to = optimizer_sharding.scatter_target(self)
+            scatter_to = strategy.extended.optimizer_state.scatter_target(self)
             if step.plan.updates == DEFERRED:  # summed with the step's state at its end
                 step.defer_update(replica_step.DeferredUpdate(
                     tuple(grads),
@@ -113,11 +107,12 @@ def install():
                 return _apply_global(self, grads, trainable_variables)
 
         def _apply_global(self, grads, trainable_variables):
-            """Keras' apply of the global gradients (on this rank's shards if sharded)."""
-            if shards_of(self) is not None:
-                return optimizer_sharding.apply_sharded(self, original, grads,
-                                                        trainable_variables)
-            return original(self, grads, trainable_variables)
+            """Keras' apply of the global gradients, as the optimizer-state mode applies."""
+            strategy = _tfdist_strategy()
+            if strategy is None:
+                return original(self, grads, trainable_variables)
+            return strategy.extended.optimizer_state.apply(self, original, grads,
+                                                           trainable_variables)
 
         return apply
 
@@ -136,14 +131,16 @@ def install():
     def with_aggregator_state(original):
         @functools.wraps(original)  # check_keras reads the original through it
         def build(self, variables):
-            strategy = tf.distribute.get_strategy()
-            tfdist = getattr(strategy, "is_tfdist_data_parallel", False)
-            if tfdist:  # before any slot exists: a sharded optimizer's slots are slices
-                optimizer_sharding.begin_build(self, list(variables), strategy.extended)
+            strategy = _tfdist_strategy()
+            if strategy is None:
+                return original(self, variables)
+            _built_under[self] = strategy
+            state = strategy.extended.optimizer_state
+            state.begin_build(self, list(variables), strategy.extended)  # before any slot
             original(self, variables)
-            if tfdist:
-                optimizer_sharding.end_build(self)
-                strategy.extended.build_aggregator_state(self, list(variables))
+            state.end_build(self)
+            strategy.extended.build_aggregator_state(self, list(variables))
+            return None
 
         return build
 

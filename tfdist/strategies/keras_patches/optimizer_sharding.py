@@ -1,9 +1,10 @@
-"""A Keras optimizer whose state is sharded across the ranks (`shard_optimizer_state=True`).
+"""One Keras optimizer whose state is sharded across the ranks (`modes.ShardedOptimizerState`).
 
 The algorithm is `tfdist.strategies.sharded_optimizer_state`; this module puts it
-into one Keras optimizer object when Keras builds it under a strategy that shards,
-through attributes of that one object (`patch_points.replace_on_instance`), so the
-optimizer keeps its class, config and saved form:
+into one Keras optimizer object when the sharded mode's `begin_build` asks, as
+Keras builds it, through attributes of that one object
+(`patch_points.replace_on_instance`), so the optimizer keeps its class, config
+and saved form:
 
 * `add_variable_from_reference`: a slot of a model variable gets the shape of this
   rank's slice of it (created as the rank's own, never broadcast);
@@ -37,8 +38,7 @@ from tfdist.profiling.names import communication_scope
 
 from tfdist.strategies.keras_patches import patch_points
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
-from tfdist.strategies.sharded_optimizer_state import (OptimizerShards, register, shards_of,
-                                                      slot_owner as sharded_slot)
+from tfdist.strategies.sharded_optimizer_state import shards_of, slot_owner as sharded_slot
 
 # Keras' optimizers whose update of an element reads only that element (and scalars).
 ELEMENT_WISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta",
@@ -50,7 +50,8 @@ def _update_rule_owner(optimizer):
     return next(cls for cls in type(optimizer).__mro__ if "update_step" in vars(cls))
 
 
-def _check_shardable(optimizer, variables, rank):
+def check_shardable(optimizer, variables, rank):
+    """A clear error unless `optimizer`'s update of an element reads only that element."""
     owner = _update_rule_owner(optimizer)
     known = {name: getattr(keras.optimizers, name, None) for name in ELEMENT_WISE}
     if owner not in known.values():
@@ -67,23 +68,6 @@ def _check_shardable(optimizer, variables, rank):
             f"tfdist rank {rank}: shard_optimizer_state=True cannot shard variables that take "
             f"their gradient as their value (overwrite_with_gradient: {direct}, float8 "
             "training); use shard_optimizer_state=False.")
-
-
-def begin_build(optimizer, variables, extended):
-    """Called as Keras builds `optimizer` for `variables` under a tfdist strategy (before any
-    slot exists): shards its state if the strategy asks for it; the `OptimizerShards` or None."""
-    if (not getattr(extended, "shard_optimizer_state", False)
-            or extended.communicator.world_size == 1
-            or isinstance(optimizer, LossScaleOptimizer) or shards_of(optimizer) is not None):
-        return None
-    _check_shardable(optimizer, variables, extended.communicator.rank)
-    aggregator = extended.aggregator
-    shards = OptimizerShards(variables, extended.communicator, extended.rank_local_variables,
-                             buckets=(aggregator.bucket_bytes, aggregator.first_bucket_bytes),
-                             counters=extended.communication_counters)
-    register(optimizer, shards)
-    _install(optimizer, shards, extended)
-    return shards
 
 
 def scatter_target(optimizer):
@@ -156,8 +140,8 @@ def _check_finite_over_ranks(optimizer, shards):
                                      functools.wraps(check_finite)(check_finite_over_ranks))
 
 
-def _install(optimizer, shards, extended):
-    """The per-object overrides of the module docstring."""
+def install_on(optimizer, shards, extended):
+    """The per-object overrides of the module docstring, on `optimizer` (sharded as `shards`)."""
     cls = type(optimizer)
 
     def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):

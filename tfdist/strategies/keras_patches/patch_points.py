@@ -115,7 +115,7 @@ POINTS = (
                "a subclass would change the optimizer's saved form (Keras serializes a class "
                "by its public name), an attribute of the one object does not",
                per_instance=True),
-    # optimizer_sharding (one optimizer, built under shard_optimizer_state=True)
+    # optimizer_sharding (one optimizer, built under the sharded optimizer-state mode)
     PatchPoint("BaseOptimizer", ("add_variable_from_reference", "_clip_gradients",
                                  "_update_model_variables_moving_average",
                                  "_overwrite_model_variables_with_average_value",

@@ -29,7 +29,7 @@ import shutil
 import keras
 from absl import logging
 
-from tfdist.strategies import rank_state, save_records, sharded_optimizer_state
+from tfdist.strategies import rank_state, save_records
 from tfdist.fault_tolerance.checkpoint_files import save_model_atomically, writer_tag
 from tfdist.strategies.keras_patches.model_strategy import is_non_chief_model, tfdist_strategy
 from tfdist.strategies.keras_patches import patch_points
@@ -41,10 +41,11 @@ def _filepath(args, kwargs):
 
 def _recorded_path(model, filepath):
     """The local or remote path a save to `filepath` is recorded under, or None (no record:
-    one process, the asynchronous parameter server - whose ranks hold different weights -,
-    a backup, a path that is not a name)."""
+    one process, an update mode whose ranks hold different weights - the asynchronous
+    parameter server -, a backup, a path that is not a name)."""
     strategy = tfdist_strategy(model)
-    if (strategy is None or strategy.world_size == 1 or strategy.extended.asynchronous
+    if (strategy is None or strategy.world_size == 1
+            or not strategy.extended.updates.ranks_hold_the_same_weights
             or not save_records.recorded() or not isinstance(filepath, (str, os.PathLike))):
         return None
     return os.fspath(filepath)
@@ -113,7 +114,7 @@ def install():
                 return _original(self, *args, **kwargs)
             filepath = _filepath(args, kwargs)
             rank_state.save(self, filepath, strategy)
-            with sharded_optimizer_state.consolidated(self):  # a sharded state, whole
+            with strategy.extended.optimizer_state.consolidated(self):  # a sharded state, whole
                 return _on_the_chief(self, f"Model.{_name}", filepath, lambda before_rename: (
                     save_model_atomically(_original, self, *args, before_rename=before_rename,
                                           **kwargs)))

@@ -1,0 +1,109 @@
+"""Sharded optimizer state (ZeRO stage 1): each rank keeps the state of 1/P of the parameters.
+
+`RingAllReduceStrategy(shard_optimizer_state=True)`. This object is the
+mode's one door: the strategy's core, the Keras patches, saving and backups
+call it as they call `ReplicatedOptimizerState`, never asking which it is.
+Behind it:
+
+* the algorithm, its guarantee and cost model: `sharded_optimizer_state`
+  (`OptimizerShards`: the partition into contiguous ranges per gradient
+  bucket, the shard variables, the reduce-scatter and the all-gather);
+* one Keras optimizer made sharded as Keras builds it:
+  `keras_patches.optimizer_sharding` (its slots take the rank's slice's
+  shape; its apply runs on the rank's slices, then the parameters are
+  gathered);
+* consolidation for saving, as torch's `ZeroRedundancyOptimizer.
+  consolidate_state_dict`: every rank enters `consolidated(model)` together,
+  the chief writes the whole state in Keras' own format; a load on the chief
+  is shared as slices (`keeping_loaded`, `share_loaded`).
+
+Which optimizer is sharded is recorded in `sharded_optimizer_state`'s weak
+registry (optimizer -> `OptimizerShards`), not on the optimizer.
+"""
+
+import keras
+
+from tfdist.strategies.keras_patches import optimizer_sharding
+from tfdist.strategies import sharded_optimizer_state as shards_registry
+from tfdist.strategies.keras_patches.keras_internals import LossScaleOptimizer
+
+# Compressions a sharded optimizer takes: a stateless wire format. A compressor with error
+# feedback keeps a residual per rank and gradient, which the sharding would have to follow.
+SHARDABLE_COMPRESSIONS = ("none", "fp16")
+
+
+class ShardedOptimizerState:
+    """1/P of the optimizer state on each rank; see the module docstring."""
+
+    every_rank_saves = True
+
+    def check_compression(self, compression_name, rank):
+        if compression_name not in SHARDABLE_COMPRESSIONS:
+            raise ValueError(
+                f"tfdist rank {rank}: shard_optimizer_state=True cannot go with "
+                f"compression={compression_name!r}: a lossy compressor keeps each rank's error "
+                "feedback for every whole gradient, and its approximation is no longer the "
+                "update one process makes; use compression=None or 'fp16', or "
+                "shard_optimizer_state=False.")
+
+    def begin_build(self, optimizer, variables, extended):
+        """Shard `optimizer`'s state before Keras creates any slot (not a LossScaleOptimizer,
+        whose inner optimizer is sharded; nothing with one process)."""
+        if (extended.communicator.world_size == 1 or isinstance(optimizer, LossScaleOptimizer)
+                or shards_registry.shards_of(optimizer) is not None):
+            return
+        optimizer_sharding.check_shardable(optimizer, variables, extended.communicator.rank)
+        aggregator = extended.aggregator
+        shards = shards_registry.OptimizerShards(
+            variables, extended.communicator, extended.rank_local_variables,
+            buckets=(aggregator.bucket_bytes, aggregator.first_bucket_bytes),
+            counters=extended.communication_counters)
+        shards_registry.register(optimizer, shards)
+        optimizer_sharding.install_on(optimizer, shards, extended)
+
+    def end_build(self, optimizer):
+        optimizer_sharding.end_build(optimizer)
+
+    def scatter_target(self, optimizer):
+        return optimizer_sharding.scatter_target(optimizer)
+
+    def apply(self, optimizer, apply, grads, variables):
+        if shards_registry.shards_of(optimizer) is None:  # a LossScaleOptimizer: its inner is
+            return apply(optimizer, grads, variables)
+        return optimizer_sharding.apply_sharded(optimizer, apply, grads, variables)
+
+    def refuse_local_gradients(self, optimizer):
+        shards = shards_registry.shards_of(optimizer)
+        if shards is not None:
+            raise ValueError(
+                f"tfdist rank {shards.rank}: {optimizer.name}'s state is sharded across the "
+                "ranks (shard_optimizer_state=True): apply its gradients inside "
+                "strategy.run(...) (or fit), where they are summed over the ranks first.")
+
+    def rank_local_slots(self, model):
+        return shards_registry.sharded_slots(model)
+
+    def consolidated(self, model):
+        return shards_registry.consolidated(model)
+
+    def keeping_loaded(self, model):
+        return shards_registry.keeping_loaded(model)
+
+    def share_loaded(self, model, root=0):
+        shards_registry.share_loaded_state(model, root)
+
+    def state_savers(self, callbacks):
+        """ModelCheckpoint and BackupAndRestore callbacks: every rank's slices go into their
+        file, so every rank must have them (Horovod's scripts give them to rank 0)."""
+        flat = keras.tree.flatten(callbacks) if callbacks else []
+        return sum(isinstance(c, (keras.callbacks.ModelCheckpoint,
+                                  keras.callbacks.BackupAndRestore)) for c in flat)
+
+    def different_savers_error(self, savers_by_rank, rank):
+        return ValueError(
+            f"tfdist rank {rank}: the optimizer state is sharded across the ranks "
+            "(shard_optimizer_state=True) and the ranks have different ModelCheckpoint / "
+            f"BackupAndRestore callbacks (how many, by rank: {savers_by_rank}): a save of the "
+            "whole state needs every rank's slices. Give every rank the same checkpoint "
+            "callbacks (the chief writes the file; the others hand over their slices), or "
+            "shard_optimizer_state=False for Horovod's save-on-rank-0 convention.")
