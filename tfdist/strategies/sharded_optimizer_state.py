@@ -56,13 +56,13 @@ saves (`consolidate`), so a checkpoint is the plain Keras file.
 """
 
 import contextlib
-import threading
 import weakref
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from tfdist import _tf
 from tfdist.aggregation.ownership import FlatPartition, bucket_groups
 from tfdist.profiling.names import communication_scope
 
@@ -135,6 +135,7 @@ class OptimizerShards:
         for i, shard in enumerate(self.shard_variables):
             self._index[id(shard)] = i
         self.slots: Dict[int, tuple] = {}  # id(slot) -> (slot, index of its model variable)
+        self._slot_of_value: Dict[int, object] = {}  # id(TensorFlow variable) -> its Keras slot
         self._full: Dict[int, np.ndarray] = {}  # id(slot) -> whole value (consolidate / load)
         self.keep_loaded = False  # a load keeps the whole values (the chief restoring a backup)
         self._depth = 0  # nested `consolidated` scopes
@@ -153,50 +154,61 @@ class OptimizerShards:
         index = self.index_of(reference)
         return None if index is None else [self.local_size(index)]
 
-    def remember_slot(self, slot, reference) -> None:
+    def remember_slot(self, slot, reference, created=()) -> None:
+        """`slot` (a Keras variable) holds this rank's slice of model variable `reference`;
+        `created`: the TensorFlow variables made for it (`creating_slot`)."""
         self.slots[id(slot)] = (slot, self.index_of(reference))
-        _slot_owners[id(slot)] = weakref.ref(self)
+        for value in created:
+            self._slot_of_value[id(value)] = slot
 
     @contextlib.contextmanager
     def creating_slot(self, reference):
-        """Inside: the variable Keras creates is the slot of `reference` (a checkpoint
-        restores it as the optimizer tracks it, before `remember_slot` can run)."""
-        previous = getattr(_creating, "slot", None)
-        _creating.slot = (self, self.index_of(reference))
-        try:
-            yield
-        finally:
-            _creating.slot = previous
+        """Inside: the TensorFlow variable Keras creates for the slot of `reference` is a
+        `_ShardedSlotValue` (its checkpoint saves the whole slot, restores this rank's
+        slice: a `tf.train.Checkpoint` restores a slot the moment the optimizer tracks it,
+        inside Keras' `add_variable`); yields the list of those created."""
+        index, created = self.index_of(reference), []
 
-    def checkpoint_value(self, slot, index: int) -> tf.Tensor:
-        """The whole value of `slot` (of model variable `index`) when a `tf.train.Checkpoint`
-        writes it: the consolidated one (inside `consolidated`), else gathered from every
-        rank now (every rank saves, as the multi-worker guide's loops do; a save on one
-        rank alone fails once the others are gone, or at the job timeout)."""
+        def as_sharded_slot(next_creator, **kwargs):
+            value = next_creator(**kwargs)
+            value.__class__ = _sharded_slot_class(type(value))
+            _slot_values[id(value)] = (weakref.ref(self), index)
+            created.append(value)
+            return value
+
+        with tf.variable_creator_scope(as_sharded_slot):
+            yield created
+
+    def checkpoint_value(self, value, index: int) -> tf.Tensor:
+        """The whole slot (of model variable `index`) whose slice `value` holds, when a
+        `tf.train.Checkpoint` writes it: the consolidated one (inside `consolidated`), else
+        gathered from every rank now (every rank saves, as the multi-worker guide's loops do; a
+        save on one rank alone fails once the others are gone, or at the job timeout)."""
         shape = self.variables[index].shape
-        whole = self.whole_value(slot)
+        slot = self._slot_of_value.get(id(value))
+        whole = self.whole_value(slot) if slot is not None else None
         if whole is not None:
             return tf.constant(np.reshape(whole, shape))
         with self.communicator.expect_progress(
                 "gathering a sharded optimizer slot for tf.train.Checkpoint.save "
                 "(shard_optimizer_state=True: every rank must save)"):
-            gathered = self.communicator.all_gather(tf.convert_to_tensor(slot))
+            gathered = self.communicator.all_gather(tf.convert_to_tensor(value))
         return tf.reshape(gathered, shape)
 
-    def restore_checkpoint_value(self, slot, index: int, value) -> None:
-        """Restore `slot` (of model variable `index`) from a checkpoint's whole `value`."""
+    def restore_checkpoint_value(self, value, index: int, restored) -> None:
+        """Restore the slice `value` holds of the slot of model variable `index` from a
+        checkpoint's whole `restored`."""
         variable = self.variables[index]
-        if int(np.prod(value.shape)) != _elements(variable):
+        if int(np.prod(restored.shape)) != _elements(variable):
             raise ValueError(
-                f"tfdist rank {self.rank}: the checkpoint holds {list(value.shape)} for the "
-                f"optimizer slot {getattr(slot, 'path', slot.name)}, not the whole "
-                f"{list(variable.shape)} of {_path(variable)}: it was written with the state "
-                "sharded by a version of tfdist that saved slices. Save it again from the "
-                "job that wrote it, or train from its weights alone.")
-        self.slots.setdefault(id(slot), (slot, index))
-        _slot_owners[id(slot)] = weakref.ref(self)
+                f"tfdist rank {self.rank}: the checkpoint holds {list(restored.shape)} for an "
+                f"optimizer slot of {_path(variable)}, not the whole {list(variable.shape)}: it "
+                "was written with the state sharded by a version of tfdist that saved slices. "
+                "Save it again from the job that wrote it, or train from its weights alone.")
+        whole = restored.numpy() if hasattr(restored, "numpy") else np.asarray(restored)
+        start, stop = self.ranges[index]
         with tf.init_scope():  # a slot created in a step's first trace: restored eagerly
-            self.load_whole(slot, value.numpy() if hasattr(value, "numpy") else value)
+            value.assign(np.reshape(whole, [-1])[start:stop])
 
     def is_slot(self, variable) -> bool:
         return id(variable) in self.slots
@@ -392,22 +404,39 @@ class OptimizerShards:
 _SHARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> its shards
 
 
-# id(slot variable) -> the OptimizerShards it belongs to (weak); and the slot being created.
-_slot_owners: Dict[int, "weakref.ref"] = {}
-_creating = threading.local()
+# id(TensorFlow variable of a sharded slot) -> (the OptimizerShards, index of its model variable)
+_slot_values: Dict[int, tuple] = {}
+_SLOT_CLASSES: Dict[type, type] = {}
 
 
-def slot_owner(variable):
-    """(OptimizerShards, index of its model variable) if `variable` is a sharded slot - also
-    while Keras creates it (`OptimizerShards.creating_slot`) - else None."""
-    reference = _slot_owners.get(id(variable))
-    shards = reference() if reference is not None else None
-    if shards is not None and id(variable) in shards.slots:
-        return shards, shards.slots[id(variable)][1]
-    creating = getattr(_creating, "slot", None)
-    if creating is not None and list(variable.shape) == [creating[0].local_size(creating[1])]:
-        return creating
-    return None
+def _sharded_slot_class(base: type) -> type:
+    """`base` (a TensorFlow variable class) with the checkpoint methods of a sharded slot: a
+    `tf.train.Checkpoint` saves the whole slot and restores this rank's slice of it, at any
+    number of ranks. Only the slots' own variables get it (`creating_slot`): every other
+    variable of the process checkpoints as TensorFlow does."""
+    if base not in _SLOT_CLASSES:
+        def _owner(value):
+            shards, index = _slot_values[id(value)]
+            return shards(), index
+
+        def _serialize_to_tensors(self):
+            shards, index = _owner(self)
+            if shards is None:
+                return base._serialize_to_tensors(self)  # pylint: disable=protected-access
+            return {"VARIABLE_VALUE": _tf.lazy_save_spec(
+                lambda: shards.checkpoint_value(self, index), self.dtype, self.device)}
+
+        def _restore_from_tensors(self, restored_tensors):
+            shards, index = _owner(self)
+            if shards is None:
+                return base._restore_from_tensors(self, restored_tensors)  # pylint: disable=W0212
+            shards.restore_checkpoint_value(self, index, restored_tensors["VARIABLE_VALUE"])
+            return self.value()
+
+        _SLOT_CLASSES[base] = type(base.__name__, (base,), {
+            "__module__": base.__module__, "_serialize_to_tensors": _serialize_to_tensors,
+            "_restore_from_tensors": _restore_from_tensors})
+    return _SLOT_CLASSES[base]
 
 
 def register(optimizer, shards: OptimizerShards) -> None:

@@ -56,7 +56,7 @@ import threading
 
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
 from tfdist.strategies.keras_patches import (backup, callbacks, compile_arguments, data, losses,
-                                             metrics, optimizer, optimizer_sharding, saving)
+                                             metrics, optimizer, saving)
 
 _installed = False
 _install_lock = threading.Lock()  # simulated ranks (threads) create their strategies at once
@@ -70,7 +70,7 @@ def install():
         if _installed:
             return
         # `compat` checked this Keras when it was imported, above
-        for family in (losses, data, optimizer, optimizer_sharding, metrics, callbacks, backup,
-                       saving, compile_arguments):
+        for family in (losses, data, optimizer, metrics, callbacks, backup, saving,
+                       compile_arguments):
             family.install()
         _installed = True

@@ -33,12 +33,11 @@ import functools
 import keras
 import tensorflow as tf
 
-from tfdist import _tf
 from tfdist.profiling.names import communication_scope
 
 from tfdist.strategies.keras_patches import patch_points
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
-from tfdist.strategies.sharded_optimizer_state import shards_of, slot_owner as sharded_slot
+from tfdist.strategies.sharded_optimizer_state import shards_of
 
 # Keras' optimizers whose update of an element reads only that element (and scalars).
 ELEMENT_WISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta",
@@ -149,11 +148,12 @@ def install_on(optimizer, shards, extended):
         if shape is None:
             return cls.add_variable_from_reference(optimizer, reference_variable, name=name,
                                                    initializer=initializer)
-        with extended.rank_local_variables(), shards.creating_slot(reference_variable):
+        with extended.rank_local_variables(), \
+                shards.creating_slot(reference_variable) as created:
             slot = BaseOptimizer.add_variable_from_reference(
                 optimizer, _SliceReference(reference_variable, shape), name=name,
                 initializer=initializer)
-        shards.remember_slot(slot, reference_variable)
+        shards.remember_slot(slot, reference_variable, created)
         return slot
 
     def _all_reduce_sum_gradients(grads_and_vars):
@@ -235,41 +235,6 @@ def install_on(optimizer, shards, extended):
                                          functools.wraps(getattr(cls, name))(replacement))
     patch_points.replace_on_instance(optimizer, "TFOptimizer", "_all_reduce_sum_gradients",
                                      _all_reduce_sum_gradients)
-
-
-def install():
-    """A sharded slot in a `tf.train.Checkpoint`: saved whole, restored as this rank's slice.
-
-    A custom loop's checkpoint (`tf.train.Checkpoint(optimizer=..., model=...)`) would
-    otherwise write each rank's slice, and a rank restoring the chief's file would take
-    the chief's slice as its own - silently wrong when the slices have the same size.
-    Saving gathers the slot's slices from every rank (every rank saves, as the
-    multi-worker guide's loops do); restoring - also the deferred restore that happens
-    as Keras creates the slot - takes this rank's part, at any number of ranks.
-    """
-    serialize = patch_points.original("TFVariable", "_serialize_to_tensors")
-    restore = patch_points.original("TFVariable", "_restore_from_tensors")
-
-    @functools.wraps(serialize)
-    def _serialize_to_tensors(self):
-        owner = sharded_slot(self)
-        if owner is None:
-            return serialize(self)
-        shards, index = owner
-        return {"VARIABLE_VALUE": _tf.lazy_save_spec(
-            lambda: shards.checkpoint_value(self, index), self.dtype, self.value.device)}
-
-    @functools.wraps(restore)
-    def _restore_from_tensors(self, restored_tensors):
-        owner = sharded_slot(self)
-        if owner is None:
-            return restore(self, restored_tensors)
-        shards, index = owner
-        shards.restore_checkpoint_value(self, index, restored_tensors["VARIABLE_VALUE"])
-        return self.value
-
-    patch_points.replace("TFVariable", "_serialize_to_tensors", _serialize_to_tensors)
-    patch_points.replace("TFVariable", "_restore_from_tensors", _restore_from_tensors)
 
 
 def _clip_by_norm(values, l2sum, clipnorm):

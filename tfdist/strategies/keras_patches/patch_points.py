@@ -126,13 +126,6 @@ POINTS = (
                "which has no hook for a slot's shape or a variable's part; a subclass would "
                "change the optimizer's class and saved form, attributes of the one object do "
                "not", per_instance=True),
-    PatchPoint("TFVariable", ("_serialize_to_tensors", "_restore_from_tensors"),
-               "optimizer_sharding",
-               "tf.train.Checkpoint (a custom loop's checkpoint) saves and restores each "
-               "variable through these two methods, and restores a slot the moment the "
-               "optimizer tracks it, inside Keras' add_variable, before any per-object "
-               "attribute could be set: a sharded slot must save its whole value and restore "
-               "its slice of one"),
     PatchPoint("LossScaleOptimizer", ("check_finite",), "optimizer_sharding",
                "with reduce-scattered gradients each rank holds its slices only, and "
                "apply's skip-or-update decision (and the loss scale's change) is taken from "
@@ -226,7 +219,6 @@ def _owners() -> Dict[str, Any]:
         "BaseOptimizer": keras_internals.BaseOptimizer,
         "LossScaleOptimizer": keras_internals.LossScaleOptimizer,
         "TFOptimizer": keras_internals.TFOptimizer,
-        "TFVariable": keras_internals.TFVariable,
         "Trainer": keras_internals.Trainer,
         "BaseTrainer": keras_internals.BaseTrainer,
         "keras.Model": keras.Model,
