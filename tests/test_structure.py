@@ -13,7 +13,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 # layer is that of the longest prefix naming it, so a package may span layers (profiling:
 # its TF-free names at the bottom, each other module beside the layer that uses it).
 LAYERS = [
-    ("tfdist._tf", "tfdist.errors", "tfdist.chief_log", "tfdist.env_vars", "tfdist.versions",
+    ("tfdist._tf", "tfdist.private_surface", "tfdist.errors", "tfdist.chief_log",
+     "tfdist.env_vars", "tfdist.versions",
      "tfdist.process_setup", "tfdist.fault_tolerance.restarts", "tfdist.cluster",
      "tfdist.profiling", "tfdist.profiling.names"),
     ("tfdist.comm",),
@@ -33,7 +34,7 @@ TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.process_setup.cluster",
                    "tfdist.process_setup.quiet_output", "tfdist.process_setup.startup_notices",
                    "tfdist.process_setup.slurm_hostlist", "tfdist.fault_tolerance.restarts",
                    "tfdist.profiling", "tfdist.profiling.names", "tfdist.profiling.timeline",
-                   "tfdist.launch.cli", "tfdist.versions")
+                   "tfdist.launch.cli", "tfdist.versions", "tfdist.private_surface")
 
 
 def _layer(module):
@@ -291,43 +292,124 @@ def test_fault_tolerance_imports_nothing_above_it():
 
 
 # --- the Keras surface (keras_patches/patch_points.py) ------------------------------------
-def _class_or_module_assignments(path):
-    """`Owner.attr = ...` and `setattr(Owner, ...)` where Owner is a class (a capitalized name)
-    or the modules keras, tf, keras_internals: what only `patch_points.replace` may do."""
-    def owner(node):
-        while isinstance(node, ast.Attribute):
-            node = node.value
-        return node.id if isinstance(node, ast.Name) else None
+_LIBRARY_MODULES = ("keras", "tf", "tensorflow", "keras_internals", "checkpoint_module")
 
-    def is_owner(name):
-        return name is not None and (name[:1].isupper() or name in ("keras", "tf",
-                                                                    "keras_internals"))
+
+def _class_or_module_assignments(path):
+    """`Owner.attr = ...` and `setattr(Owner, ...)` where Owner is a class (a capitalized name
+    anywhere in the dotted owner) or a Keras / TensorFlow module: what only
+    `patch_points.replace` (Keras) and `_tf.replace` (TensorFlow) may do."""
+    def dotted(node):
+        names = []
+        while isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        return names + [node.id] if isinstance(node, ast.Name) else []
+
+    def is_owner(names):
+        return bool(names) and (any(name[:1].isupper() for name in names)
+                                or names[-1] in _LIBRARY_MODULES)
 
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         targets = node.targets if isinstance(node, ast.Assign) else []
         for target in targets:
-            if isinstance(target, ast.Attribute) and is_owner(owner(target.value)):
+            if isinstance(target, ast.Attribute) and is_owner(dotted(target.value)):
                 found.append(f"{path.name}:{node.lineno}")
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == "setattr" and node.args and is_owner(owner(node.args[0]))):
+                and node.func.id == "setattr" and node.args and is_owner(dotted(node.args[0]))):
             found.append(f"{path.name}:{node.lineno}")
     return found
 
 
-def test_keras_is_patched_only_at_the_declared_points():
-    """Every replacement goes through patch_points (declared, with the reason Keras has no
-    hook there), and installing applies exactly the declared class-level points."""
+def test_keras_and_tensorflow_are_patched_only_at_the_declared_points():
+    """Every replacement goes through patch_points (Keras) or _tf.replace (TensorFlow), both
+    declared with the reason the library has no hook there; installing applies exactly the
+    declared class-level Keras points, and the TensorFlow points replaced are declared."""
+    from tfdist import _tf, private_surface
     from tfdist.strategies import keras_patches
     from tfdist.strategies.keras_patches import patch_points
 
-    package = PACKAGE / "strategies" / "keras_patches"
-    stray = [where for path in sorted(package.glob("*.py")) if path.name != "patch_points.py"
+    allowed = {PACKAGE / "strategies" / "keras_patches" / "patch_points.py", PACKAGE / "_tf.py"}
+    stray = [where for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
              for where in _class_or_module_assignments(path)]
-    assert not stray, f"Keras attributes assigned outside patch_points.replace: {stray}"
+    assert not stray, f"Keras or TensorFlow attributes assigned outside the declared points: {stray}"
     keras_patches.install()
     assert patch_points.applied() - patch_points.on_demand() == patch_points.class_level()
     assert all(point.why for point in patch_points.POINTS + patch_points.OVERRIDES)
+    declared = {(p.owner, p.name) for p in private_surface.TF_REPLACEMENTS}
+    assert _tf.replaced() <= declared and all(p.why for p in private_surface.TF_REPLACEMENTS)
+    calls = [(node.args[0].value, node.args[1].value)
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "replace"
+             and getattr(node.func.value, "id", None) == "_tf"]
+    assert calls and set(calls) <= declared, calls
+
+
+def test_a_stray_patch_is_found():
+    path = PACKAGE.parent / "tests" / "scratch_stray_patch.py"
+    try:
+        path.write_text("import tensorflow as tf\ntf.nn.relu = abs\n"
+                        "from keras.src import backend\nbackend.Variable.assign = None\n")
+        assert len(_class_or_module_assignments(path)) == 2
+    finally:
+        path.unlink()
+
+
+def _defined_in_tfdist():
+    """Names tfdist itself defines: functions, classes, arguments, variables, self.<attrs>."""
+    defined = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    for part in ast.walk(target):
+                        if isinstance(part, ast.Name):
+                            defined.add(part.id)
+                        elif (isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name)
+                              and part.value.id in ("self", "cls")):
+                            defined.add(part.attr)
+    return defined
+
+
+def _private_attributes_used(source, defined):
+    """`obj._name` and `getattr(obj, "_name")` (hasattr, setattr) of names tfdist does not
+    define: another library's private attributes."""
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in
+              ("getattr", "hasattr", "setattr", "delattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            names = [node.args[1].value]
+        for name in names:
+            if name.startswith("_") and not name.startswith("__") and name not in defined:
+                yield node.lineno, name
+
+
+def test_every_private_attribute_of_another_library_is_declared():
+    from tfdist.private_surface import PRIVATE_ATTRIBUTES  # pylint: disable=C0415
+
+    defined = _defined_in_tfdist()
+    undeclared = sorted({f"{path.relative_to(PACKAGE)}:{line} {name}"
+                         for path in PACKAGE.rglob("*.py")
+                         for line, name in _private_attributes_used(path.read_text(), defined)
+                         if name not in PRIVATE_ATTRIBUTES})
+    assert not undeclared, ("private attributes of other libraries used but not declared in "
+                            f"tfdist/private_surface.py: {undeclared}")
+    assert all(use.why and use.access for use in PRIVATE_ATTRIBUTES.values())
+
+
+def test_an_undeclared_private_attribute_is_found():
+    found = list(_private_attributes_used(
+        "model._compiled_trainable_state = 1\ngetattr(x, '_jit_compile')\n", set()))
+    assert [name for _, name in found] == ["_compiled_trainable_state", "_jit_compile"]
 
 
 def test_overrides_are_declared_and_keep_keras_signatures():

@@ -2,7 +2,9 @@
 
 A custom `tf.distribute.Strategy` and cross-process collectives cannot be built
 from TensorFlow's public API alone. Everything private that tfdist needs is
-imported here, so that a TensorFlow upgrade touches this file only.
+imported here, so that a TensorFlow upgrade touches this file only; and the
+TensorFlow attributes tfdist replaces are replaced here (`replace`), only at
+the points `tfdist.private_surface.TF_REPLACEMENTS` declares.
 """
 
 from tensorflow.core.protobuf import cluster_pb2
@@ -19,6 +21,8 @@ from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.training.saving import saveable_object
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from tfdist.private_surface import TF_REPLACEMENTS
 
 OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
 OneDeviceExtended = one_device_strategy.OneDeviceExtended
@@ -135,6 +139,42 @@ def auto_shard_dataset(dataset, input_context):
     )
 
 
+_replaced = set()  # (owner, name) of the TensorFlow attributes replaced so far
+
+
+def _tf_owner(owner):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.checkpoint import checkpoint as checkpoint_module
+
+    return {"tf.nn": tf.nn, "tensorflow.python.checkpoint.checkpoint.Checkpoint":
+            checkpoint_module.Checkpoint}[owner]
+
+
+def original(owner, name):
+    """The current value of a declared TensorFlow replacement point (what `replace` wraps)."""
+    _declared(owner, name)
+    return getattr(_tf_owner(owner), name)
+
+
+def replace(owner, name, replacement):
+    """Set TensorFlow's `owner.name` to `replacement`: only a point declared in
+    `tfdist.private_surface.TF_REPLACEMENTS` (with why TensorFlow has no hook there)."""
+    _declared(owner, name)
+    setattr(_tf_owner(owner), name, replacement)
+    _replaced.add((owner, name))
+
+
+def replaced():
+    """The TensorFlow points replaced so far, as (owner, name)."""
+    return set(_replaced)
+
+
+def _declared(owner, name):
+    if not any(point.owner == owner and point.name == name for point in TF_REPLACEMENTS):
+        raise RuntimeError(f"tfdist: {owner}.{name} is replaced but not declared in "
+                           "tfdist/private_surface.TF_REPLACEMENTS")
+
+
 def wrap_checkpoint_writes(wrapper):
     """Route every `tf.train.Checkpoint` file write through `wrapper(write, checkpoint, prefix, options)`.
 
@@ -142,14 +182,13 @@ def wrap_checkpoint_writes(wrapper):
     all write through the private `Checkpoint._write`, which also updates the
     directory's `checkpoint` state file for `save`.
     """
-    from tensorflow.python.checkpoint import checkpoint as checkpoint_module
-
-    write = checkpoint_module.Checkpoint._write  # pylint: disable=protected-access
+    owner = "tensorflow.python.checkpoint.checkpoint.Checkpoint"
+    write = original(owner, "_write")
 
     def _write(self, file_prefix, options=None):
         return wrapper(write, self, file_prefix, options)
 
-    checkpoint_module.Checkpoint._write = _write  # pylint: disable=protected-access
+    replace(owner, "_write", _write)
 
 
 def run_checkpoint_write_callbacks(callbacks, save_path):

@@ -15,6 +15,7 @@ per call, and the same result as one process for any split. An explicit
 
 import tensorflow as tf
 
+from tfdist import _tf
 from tfdist.strategies import replica_step
 
 _installed = [False]
@@ -29,7 +30,7 @@ def install(in_multi_process_step):
     if _installed[0]:
         return
     _installed[0] = True
-    original = tf.nn.compute_average_loss
+    original = _tf.original("tf.nn", "compute_average_loss")
 
     @tf.autograph.experimental.do_not_convert  # tfdist's step code runs as written
     def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size=None):
@@ -42,4 +43,4 @@ def install(in_multi_process_step):
                         global_batch_size=global_batch_size)
 
     compute_average_loss.__doc__ = original.__doc__
-    tf.nn.compute_average_loss = compute_average_loss
+    _tf.replace("tf.nn", "compute_average_loss", compute_average_loss)
