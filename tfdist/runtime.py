@@ -30,7 +30,6 @@ Engines:
 import atexit
 import contextlib
 import dataclasses
-import os
 import socket
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, TypeVar

@@ -27,7 +27,6 @@ all-gather cannot be cancelled, the job is aborted through MPI after the
 message).
 """
 
-import os
 import sys
 import threading
 import time

@@ -33,7 +33,6 @@ sync per batch), plus one at the start of training and two per epoch when
 such a callback exists.
 """
 
-import keras
 
 from tfdist.strategies.keras_patches.model_strategy import agrees, tfdist_strategy
 

@@ -11,7 +11,6 @@ the strategies, so any layer above may use it without a cycle.
 """
 
 import threading
-import weakref
 
 import keras
 import tensorflow as tf

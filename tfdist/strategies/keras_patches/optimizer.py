@@ -10,8 +10,7 @@ from tfdist.strategies import replica_step
 from tfdist.strategies.keras_patches.steps import scales_loss
 from tfdist.strategies.step_plan import DEFERRED, REMOTE
 from tfdist.strategies.keras_patches import keras_internals
-from tfdist.strategies.keras_patches.keras_internals import (BaseOptimizer, LossScaleOptimizer,
-                                                              TFOptimizer)
+from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, TFOptimizer
 from tfdist.strategies.keras_patches import patch_points
 
 
