@@ -2,13 +2,13 @@
 
 Usage: python -m experiments.consistency_costs [OUT.json]
 
-* **Eager lineage** (`tfdist.strategies.batch_dependence`): an eager step
+* **Eager lineage** (`tfdist.strategies.step.batch_dependence`): an eager step
   (`run_eagerly=True`, keras.io's text classifier: Embedding -> mean pooling
   -> Dense, Adam, batches of 64 sequences of 16 tokens) runs with
   `BatchLineage.recording()` around it, or without, in interleaved rounds;
   the ratio of median step times is the op callbacks' cost. Traced steps pay
   nothing per step (one graph walk per trace).
-* **Weight fingerprints** (`tfdist.strategies.replica_consistency`): hashing
+* **Weight fingerprints** (`tfdist.strategies.state.replica_consistency`): hashing
   the 5.8 M-parameter MLP of the engine benchmarks and its Adam state, what a
   rank does once per epoch, at the end of `fit` and at each save; against
   the MLP's own traced step on one process, so the per-epoch cost reads as a
@@ -29,8 +29,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfdist.strategies import replica_consistency  # noqa: E402
-from tfdist.strategies.batch_dependence import BatchLineage  # noqa: E402
+from tfdist.strategies.state import replica_consistency  # noqa: E402
+from tfdist.strategies.step.batch_dependence import BatchLineage  # noqa: E402
 
 ROUNDS, STEPS = 5, 20
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,4 +1,4 @@
-"""Batch dependence is decided the same way traced and eager (`tfdist.strategies.batch_dependence`).
+"""Batch dependence is decided the same way traced and eager (`tfdist.strategies.step.batch_dependence`).
 
 Each case computes the same thing from a step's inputs twice - inside a
 `tf.function` (the graph walk) and eagerly under `BatchLineage.recording`
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.strategies.batch_dependence import BatchLineage
+from tfdist.strategies.step.batch_dependence import BatchLineage
 
 TOKENS = np.array([[3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 8]], dtype="int32")
 

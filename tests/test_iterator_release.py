@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.strategies import iterator_release
-from tfdist.strategies.local_input import LocalSliceDataset
+from tfdist.strategies.inputs import iterator_release
+from tfdist.strategies.inputs.local_input import LocalSliceDataset
 
 
 def autotuned_pipeline():
@@ -109,7 +109,7 @@ def test_a_job_that_fails_in_training_still_exits(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text(
         "import tensorflow as tf\n"
-        "from tfdist.strategies.local_input import LocalSliceDataset\n"
+        "from tfdist.strategies.inputs.local_input import LocalSliceDataset\n"
         "dataset = LocalSliceDataset(tf.data.Dataset.range(8).batch(2).prefetch(2))\n"
         "kept = iter(dataset)\n"  # a global, destroyed while the interpreter finalizes
         "next(kept)\n"

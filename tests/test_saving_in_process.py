@@ -1,9 +1,9 @@
 """Saving in both conventions, and ranks whose weights differ, as simulated ranks.
 
 Horovod's scripts save on rank 0 only; keras.io's save (and load back) on
-every rank (`tfdist.strategies.save_records`). Ranks whose weights differ
+every rank (`tfdist.strategies.state.save_records`). Ranks whose weights differ
 stop with an error naming the variable, at an epoch end, at the end of `fit`
-or at a save (`tfdist.strategies.replica_consistency`).
+or at a save (`tfdist.strategies.state.replica_consistency`).
 """
 
 import os
@@ -15,7 +15,7 @@ import pytest
 import tfdist
 from tfdist.comm.simulated import SimulationError
 from tfdist.simulation import simulate_processes
-from tfdist.strategies.replica_consistency import ReplicasDiverged
+from tfdist.strategies.state.replica_consistency import ReplicasDiverged
 
 
 def small_model(strategy):

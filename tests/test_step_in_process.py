@@ -16,11 +16,11 @@ import tensorflow as tf
 from tfdist.aggregation.base import EXACT, GRADIENT, ROWS
 from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.simulated import simulate
-from tfdist.strategies.local_state import LocalStateSync
-from tfdist.strategies.replica_step import ReplicaStep
-from tfdist.strategies.step_plan import (DEFERRED, IMMEDIATE, LOCAL, REMOTE, StepPlan,
+from tfdist.strategies.state.local_state import LocalStateSync
+from tfdist.strategies.step.replica_step import ReplicaStep
+from tfdist.strategies.step.step_plan import (DEFERRED, IMMEDIATE, LOCAL, REMOTE, StepPlan,
                                          plan_step)
-from tfdist.strategies.step_sum import StepSum
+from tfdist.strategies.step.step_sum import StepSum
 
 # Rows per rank for each world size: uneven, with empty slices (more ranks than rows).
 SPLITS = {1: [5], 2: [3, 2], 3: [2, 0, 1], 4: [1, 1, 1, 0], 5: [0, 2, 0, 1, 0]}
@@ -237,8 +237,8 @@ def test_global_gradients_are_what_one_process_computes(split, compression):
     of indices every rank shares summed once, None kept - the one gradient path."""
     from tfdist.aggregation.compressors import with_compression  # pylint: disable=C0415
     from tfdist.profiling.counters import CommunicationCounters  # pylint: disable=C0415
-    from tfdist.strategies import replica_step  # pylint: disable=C0415
-    from tfdist.strategies.global_gradients import GlobalGradients  # pylint: disable=C0415
+    from tfdist.strategies.step import replica_step  # pylint: disable=C0415
+    from tfdist.strategies.step.global_gradients import GlobalGradients  # pylint: disable=C0415
 
     def fn(step, aggregator, rank):
         comm = aggregator.communicator

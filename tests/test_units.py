@@ -13,7 +13,7 @@ from tfdist.aggregation.compression import FP16Compression
 from tfdist.aggregation.compressors import get_compressor
 from tfdist.aggregation.fusion import FusionPlan, reverse_order_buckets
 from tfdist.aggregation.parameter_server import MIN_SPLIT_BYTES, ShardPlan
-from tfdist.strategies.sharding import shard_global_batch
+from tfdist.strategies.inputs.batch_slicing import shard_global_batch
 
 
 def test_fusion_round_trip_groups_by_dtype_and_threshold():
@@ -107,7 +107,7 @@ def test_a_dataset_of_single_examples_is_a_one_line_error():
 
 
 def test_this_process_slice_and_its_transformations_are_not_sliced_again():
-    from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
+    from tfdist.strategies.inputs.local_input import LocalSliceDataset, derives_from_local_slice
 
     batches = tf.data.Dataset.from_tensor_slices(np.arange(12.0)).batch(4)
     local = LocalSliceDataset(shard_global_batch(batches, 1, 2))
@@ -192,7 +192,7 @@ def test_stop_flags_are_exchanged_only_where_a_callback_may_decide_alone():
 
 
 def test_call_arguments_name_the_first_that_differs():
-    from tfdist.strategies import call_arguments  # pylint: disable=import-outside-toplevel
+    from tfdist.strategies.inputs import call_arguments  # pylint: disable=import-outside-toplevel
 
     fit = dict(batch_size=32, epochs=3, shuffle=True, class_weight={1: 2.0, 0: 1.0},
                sample_weight=np.ones(4), steps_per_epoch=None, steps_per_execution=1)
@@ -211,7 +211,7 @@ def test_call_arguments_name_the_first_that_differs():
 def test_a_model_never_runs_on_zero_rows_in_a_custom_loop():
     """`empty_slice.call_on_rows`: zero rows in, a stand-in row through the call, zero rows
     (and zero gradients) out; rows in, the call unchanged. Eager and traced for any rows."""
-    from tfdist.strategies.empty_slice import call_on_rows  # pylint: disable=C0415
+    from tfdist.strategies.step.empty_slice import call_on_rows  # pylint: disable=C0415
 
     seen = []
 
@@ -282,12 +282,13 @@ def test_bad_command_lines_are_usage_errors(argv, message, capsys):
     (64, 2, True, "batch 64 per process x 2 = 128 rows per step (each process feeds its own"),
 ])
 def test_the_batch_split_is_said_in_words(batch, world, per_rank_input, said):
-    from tfdist.strategies import modes, sharding  # pylint: disable=import-outside-toplevel
+    from tfdist.strategies import modes  # pylint: disable=import-outside-toplevel
+    from tfdist.strategies.inputs import batch_slicing
 
     input_mode = modes.input_mode(per_rank_input)
     assert input_mode.describe_split(batch, world).startswith(said)
     assert input_mode.global_batch_size(batch, world) == batch * (world if per_rank_input else 1)
-    assert sum(sharding.slice_rows(batch, r, world) for r in range(world)) == batch
+    assert sum(batch_slicing.slice_rows(batch, r, world) for r in range(world)) == batch
 
 
 def test_a_missing_tensorflow_names_the_install_extra(monkeypatch):

@@ -77,7 +77,7 @@ class Compressor(abc.ABC):
     @property
     def rank_variables(self) -> List[tf.Variable]:
         """The part of `variables` that differs per rank (residuals): kept per rank in
-        checkpoints (`tfdist.strategies.rank_state`)."""
+        checkpoints (`tfdist.strategies.state.rank_state`)."""
         return []
 
     def build(self, optimizer: Any, variables: Sequence[tf.Variable]) -> None:

@@ -62,7 +62,7 @@ class RingAllReduceAggregator(Aggregator):
     def predict_seconds(cls, n_bytes, world_size, alpha, beta, shard_optimizer_state=False,
                         backend="collective"):
         """2 (P - 1) alpha + 2 (P - 1) / P n beta (reduce-scatter + all-gather). With the
-        optimizer state sharded (`tfdist.strategies.sharded_optimizer_state`): the same on
+        optimizer state sharded (`tfdist.strategies.modes.optimizer_shards`): the same on
         `backend` "horovod", whose reduce-scatter of the gradients and all-gather of the
         parameters are the two halves of that all-reduce; on TensorFlow's collectives (no
         reduce-scatter on CPUs) the all-gather adds (P - 1) alpha + (P - 1) / P n beta

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tfdist.horovod import process
 from tfdist.horovod.compression import Compression
-from tfdist.strategies import variable_broadcast
+from tfdist.strategies.state import variable_broadcast
 
 
 class ReduceOp:

@@ -85,7 +85,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
             training, evaluation and saved files equal the unsharded strategy's.
             Element-wise optimizers only; with "fp16" or no compression; on either
             engine. Algorithm,
-            guarantee and cost: `tfdist.strategies.sharded_optimizer_state`.
+            guarantee and cost: `tfdist.strategies.modes.optimizer_shards`.
 
     Example:
 

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tfdist.callbacks.learning_rate_control import velocity_buffers
 from tfdist.horovod import collectives, process
-from tfdist.strategies import rank_state, replica_consistency
+from tfdist.strategies.state import rank_state, replica_consistency
 from tfdist.strategies.keras_patches import model_strategy
 
 

@@ -40,7 +40,7 @@ from absl import logging
 
 from tfdist import errors
 from tfdist.fault_tolerance.backup_state import BackupState
-from tfdist.strategies import rank_state
+from tfdist.strategies.state import rank_state
 from tfdist.strategies.keras_patches.backup_job import StrategyBackupJob
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE

@@ -16,7 +16,7 @@ import dataclasses
 import keras
 
 from tfdist.fault_tolerance.training_state import TrainingState, callback_key
-from tfdist.strategies import rank_state, save_records
+from tfdist.strategies.state import rank_state, save_records
 
 # The callbacks whose state steers training or its checkpoints, and that state.
 STEERING_STATE = (

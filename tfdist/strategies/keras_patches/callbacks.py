@@ -28,7 +28,7 @@ import keras
 
 from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
-from tfdist.strategies import rank_state
+from tfdist.strategies.state import rank_state
 from tfdist.strategies.keras_patches import backup, callback_list
 from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)

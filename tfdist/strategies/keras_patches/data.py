@@ -18,9 +18,9 @@ from absl import logging
 
 from tfdist import chief_log, errors
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
-from tfdist.strategies import call_arguments
+from tfdist.strategies.inputs import call_arguments
 from tfdist.strategies.keras_patches import backup, fit_session
-from tfdist.strategies.data_fingerprint import array_fingerprint
+from tfdist.strategies.inputs.data_fingerprint import array_fingerprint
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, GeneratorDataAdapter,
                                                               TFEpochIterator)
@@ -137,7 +137,7 @@ def _optimizer_left_unbuilt(model):
             optimizer.built = False
 
 
-def _install_on_batch_sharding():
+def _install_on_batch_slicing():
     """`train_on_batch`/`test_on_batch`/`predict_on_batch` take their batch as `fit` does:
     the input mode's (`on_batch_arguments`: under the global-batch mode each rank works on
     its slice, so the update, the logs and the gathered predictions match one process)."""
@@ -277,6 +277,6 @@ def _install_call_recording():
 def install():
     """The data patches above (`install_data_recording` may come earlier, alone)."""
     _install_build_without_peeking()
-    _install_on_batch_sharding()
+    _install_on_batch_slicing()
     _install_generator_without_prefetch()
     install_data_recording()

@@ -17,7 +17,7 @@ import threading
 
 import keras
 
-from tfdist.strategies import empty_slice, replica_step
+from tfdist.strategies.step import empty_slice, replica_step
 from tfdist.strategies.keras_patches.keras_internals import get_keras_mask, set_keras_mask
 from tfdist.strategies.keras_patches import patch_points
 

@@ -15,7 +15,7 @@ import functools
 import keras
 import tensorflow as tf
 
-from tfdist.strategies import replica_step
+from tfdist.strategies.step import replica_step
 from tfdist.strategies.keras_patches.model_strategy import in_multi_process_strategy
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches import patch_points

@@ -21,7 +21,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tfdist.strategies import replica_step
+from tfdist.strategies.step import replica_step
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches import patch_points
 

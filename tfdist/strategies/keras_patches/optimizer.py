@@ -6,9 +6,9 @@ import weakref
 
 import tensorflow as tf
 
-from tfdist.strategies import replica_step
+from tfdist.strategies.step import replica_step
 from tfdist.strategies.keras_patches.steps import scales_loss
-from tfdist.strategies.step_plan import DEFERRED, REMOTE
+from tfdist.strategies.step.step_plan import DEFERRED, REMOTE
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, TFOptimizer
 from tfdist.strategies.keras_patches import patch_points

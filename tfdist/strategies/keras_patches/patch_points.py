@@ -115,23 +115,23 @@ POINTS = (
                "a subclass would change the optimizer's saved form (Keras serializes a class "
                "by its public name), an attribute of the one object does not",
                per_instance=True),
-    # optimizer_sharding (one optimizer, built under the sharded optimizer-state mode)
+    # modes.sharded_optimizer_methods (one optimizer, built under the sharded optimizer-state mode)
     PatchPoint("BaseOptimizer", ("add_variable_from_reference", "_clip_gradients",
                                  "_update_model_variables_moving_average",
                                  "_overwrite_model_variables_with_average_value",
                                  "finalize_variable_values", "save_own_variables",
-                                 "load_own_variables"), "optimizer_sharding",
+                                 "load_own_variables"), "sharded_optimizer_methods",
                "a sharded optimizer's slots hold one rank's slices: their shapes, the norms of "
                "clipping, EMA and the saved whole state differ from Keras' per-variable code, "
                "which has no hook for a slot's shape or a variable's part; a subclass would "
                "change the optimizer's class and saved form, attributes of the one object do "
                "not", per_instance=True),
-    PatchPoint("LossScaleOptimizer", ("check_finite",), "optimizer_sharding",
+    PatchPoint("LossScaleOptimizer", ("check_finite",), "sharded_optimizer_methods",
                "with reduce-scattered gradients each rank holds its slices only, and "
                "apply's skip-or-update decision (and the loss scale's change) is taken from "
                "this method's answer on them; every rank must take the same one",
                per_instance=True),
-    PatchPoint("TFOptimizer", ("_all_reduce_sum_gradients",), "optimizer_sharding",
+    PatchPoint("TFOptimizer", ("_all_reduce_sum_gradients",), "sharded_optimizer_methods",
                "the last point before Keras' update steps: each pair's variable becomes the "
                "rank's shard variable, after weight decay", per_instance=True),
     # data (during the symbolic build only)

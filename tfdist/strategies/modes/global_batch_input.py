@@ -2,7 +2,7 @@
 
 `fit`'s `batch_size` is the global batch, as in tf.distribute. Each step,
 rank r of P takes rows [r B / P, (r + 1) B / P) of the global batch of B rows
-(`sharding.shard_global_batch`; uneven and empty slices are weighted by their
+(`batch_slicing.shard_global_batch`; uneven and empty slices are weighted by their
 rows, so the update is one process's on the whole batch), or with the
 `FILE` auto-shard policy 1/P of the files in batches of B / P. A variable
 created under the scope starts from rank 0's value (one broadcast at its
@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from tfdist import _tf
 from tfdist.profiling.names import communication_scope
-from tfdist.strategies.local_input import LocalSliceDataset, derives_from_local_slice
-from tfdist.strategies.random_state import align_random_state
-from tfdist.strategies.sharding import shard_global_batch, slice_rows
+from tfdist.strategies.inputs.local_input import LocalSliceDataset, derives_from_local_slice
+from tfdist.strategies.state.random_state import align_random_state
+from tfdist.strategies.inputs.batch_slicing import shard_global_batch, slice_rows
 
 
 class GlobalBatchInput:

@@ -5,11 +5,11 @@ mode's one door: the strategy's core, the Keras patches, saving and backups
 call it as they call `ReplicatedOptimizerState`, never asking which it is.
 Behind it:
 
-* the algorithm, its guarantee and cost model: `sharded_optimizer_state`
+* the algorithm, its guarantee and cost model: `optimizer_shards`
   (`OptimizerShards`: the partition into contiguous ranges per gradient
   bucket, the shard variables, the reduce-scatter and the all-gather);
 * one Keras optimizer made sharded as Keras builds it:
-  `keras_patches.optimizer_sharding` (its slots take the rank's slice's
+  `sharded_optimizer_methods` (its slots take the rank's slice's
   shape; its apply runs on the rank's slices, then the parameters are
   gathered);
 * consolidation for saving, as torch's `ZeroRedundancyOptimizer.
@@ -17,14 +17,14 @@ Behind it:
   the chief writes the whole state in Keras' own format; a load on the chief
   is shared as slices (`keeping_loaded`, `share_loaded`).
 
-Which optimizer is sharded is recorded in `sharded_optimizer_state`'s weak
+Which optimizer is sharded is recorded in `optimizer_shards`' weak
 registry (optimizer -> `OptimizerShards`), not on the optimizer.
 """
 
 import keras
 
-from tfdist.strategies.keras_patches import optimizer_sharding
-from tfdist.strategies import sharded_optimizer_state as shards_registry
+from tfdist.strategies.modes import sharded_optimizer_methods
+from tfdist.strategies.modes import optimizer_shards
 from tfdist.strategies.keras_patches.keras_internals import LossScaleOptimizer
 
 # Compressions a sharded optimizer takes: a stateless wire format. A compressor with error
@@ -50,30 +50,30 @@ class ShardedOptimizerState:
         """Shard `optimizer`'s state before Keras creates any slot (not a LossScaleOptimizer,
         whose inner optimizer is sharded; nothing with one process)."""
         if (extended.communicator.world_size == 1 or isinstance(optimizer, LossScaleOptimizer)
-                or shards_registry.shards_of(optimizer) is not None):
+                or optimizer_shards.shards_of(optimizer) is not None):
             return
-        optimizer_sharding.check_shardable(optimizer, variables, extended.communicator.rank)
+        sharded_optimizer_methods.check_shardable(optimizer, variables, extended.communicator.rank)
         aggregator = extended.aggregator
-        shards = shards_registry.OptimizerShards(
+        shards = optimizer_shards.OptimizerShards(
             variables, extended.communicator, extended.rank_local_variables,
             buckets=(aggregator.bucket_bytes, aggregator.first_bucket_bytes),
             counters=extended.communication_counters)
-        shards_registry.register(optimizer, shards)
-        optimizer_sharding.install_on(optimizer, shards, extended)
+        optimizer_shards.register(optimizer, shards)
+        sharded_optimizer_methods.install_on(optimizer, shards, extended)
 
     def end_build(self, optimizer):
-        optimizer_sharding.end_build(optimizer)
+        sharded_optimizer_methods.end_build(optimizer)
 
     def scatter_target(self, optimizer):
-        return optimizer_sharding.scatter_target(optimizer)
+        return sharded_optimizer_methods.scatter_target(optimizer)
 
     def apply(self, optimizer, apply, grads, variables):
-        if shards_registry.shards_of(optimizer) is None:  # a LossScaleOptimizer: its inner is
+        if optimizer_shards.shards_of(optimizer) is None:  # a LossScaleOptimizer: its inner is
             return apply(optimizer, grads, variables)
-        return optimizer_sharding.apply_sharded(optimizer, apply, grads, variables)
+        return sharded_optimizer_methods.apply_sharded(optimizer, apply, grads, variables)
 
     def refuse_local_gradients(self, optimizer):
-        shards = shards_registry.shards_of(optimizer)
+        shards = optimizer_shards.shards_of(optimizer)
         if shards is not None:
             raise ValueError(
                 f"tfdist rank {shards.rank}: {optimizer.name}'s state is sharded across the "
@@ -81,16 +81,16 @@ class ShardedOptimizerState:
                 "strategy.run(...) (or fit), where they are summed over the ranks first.")
 
     def rank_local_slots(self, model):
-        return shards_registry.sharded_slots(model)
+        return optimizer_shards.sharded_slots(model)
 
     def consolidated(self, model):
-        return shards_registry.consolidated(model)
+        return optimizer_shards.consolidated(model)
 
     def keeping_loaded(self, model):
-        return shards_registry.keeping_loaded(model)
+        return optimizer_shards.keeping_loaded(model)
 
     def share_loaded(self, model, root=0):
-        shards_registry.share_loaded_state(model, root)
+        optimizer_shards.share_loaded_state(model, root)
 
     def state_savers(self, callbacks):
         """ModelCheckpoint and BackupAndRestore callbacks: every rank's slices go into their

@@ -20,9 +20,11 @@ import time
 import keras
 import tensorflow as tf
 
-from tfdist.strategies import replica_consistency, step_plan, synchronous_step
+from tfdist.strategies.state import replica_consistency
+
+from tfdist.strategies.step import step_plan, synchronous_step
 from tfdist.strategies.keras_patches.model_strategy import agrees_across_ranks
-from tfdist.strategies.same_data_check import check_same_data
+from tfdist.strategies.inputs.same_data_check import check_same_data
 
 
 class SynchronousUpdates:

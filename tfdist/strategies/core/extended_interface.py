@@ -45,7 +45,7 @@ class StrategyExtended(Protocol):
     rank sees after the same training step."""
 
     save_log: Optional[Any]
-    """`tfdist.strategies.save_records.JobSaveLog`: the chief's completed saves, for ranks
+    """`tfdist.strategies.state.save_records.JobSaveLog`: the chief's completed saves, for ranks
     saving to paths of their own; None for one process."""
 
     preemption: "PreemptionNotice"

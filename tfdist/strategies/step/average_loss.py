@@ -16,7 +16,7 @@ per call, and the same result as one process for any split. An explicit
 import tensorflow as tf
 
 from tfdist import _tf
-from tfdist.strategies import replica_step
+from tfdist.strategies.step import replica_step
 
 _installed = [False]
 

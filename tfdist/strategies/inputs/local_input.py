@@ -1,7 +1,7 @@
 """The dataset a tfdist strategy hands to Keras: this process's input, iterated directly.
 
 A tfdist process has one replica on one device, so its distributed dataset is
-simply its own slice of the input (`sharding.shard_global_batch`), iterated
+simply its own slice of the input (`batch_slicing.shard_global_batch`), iterated
 the way Keras iterates a dataset on one device without a strategy: a plain
 `tf.data` iterator, no per-device buffering.
 
@@ -24,7 +24,7 @@ at each epoch's start are destroyed off the training thread
 """
 
 from tfdist import _tf
-from tfdist.strategies import iterator_release
+from tfdist.strategies.inputs import iterator_release
 
 
 class LocalSliceDataset(_tf.UnaryUnchangedStructureDataset):

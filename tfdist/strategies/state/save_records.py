@@ -56,7 +56,7 @@ import zlib
 import tensorflow as tf
 from absl import logging
 
-from tfdist.strategies import replica_consistency
+from tfdist.strategies.state import replica_consistency
 from tfdist.fault_tolerance.checkpoint_files import write_atomically
 
 _FIRST_POLL_SECONDS = 0.02

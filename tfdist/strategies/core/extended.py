@@ -29,13 +29,15 @@ from tfdist.errors import ClusterError
 from tfdist.fault_tolerance.agreed_flags import AgreedFlags
 from tfdist.fault_tolerance.preemption import PreemptionNotice
 from tfdist.profiling.counters import CommunicationCounters
-from tfdist.strategies import rank_state, replica_step
-from tfdist.strategies import save_records, step_plan
+from tfdist.strategies.state import rank_state
+from tfdist.strategies.step import replica_step
+from tfdist.strategies.state import save_records
+from tfdist.strategies.step import step_plan
 from tfdist.strategies.keras_patches import steps as keras_steps
-from tfdist.strategies.cross_replica_sum import StepReplicaContext, sum_exactly
-from tfdist.strategies.global_gradients import GlobalGradients
-from tfdist.strategies.local_input import LocalSliceDataset
-from tfdist.strategies.local_state import LocalStateSync
+from tfdist.strategies.step.cross_replica_sum import StepReplicaContext, sum_exactly
+from tfdist.strategies.step.global_gradients import GlobalGradients
+from tfdist.strategies.inputs.local_input import LocalSliceDataset
+from tfdist.strategies.state.local_state import LocalStateSync
 
 
 def _local_device(cluster):

@@ -16,7 +16,7 @@ epoch iterator Keras builds.
 
 import tensorflow as tf
 
-from tfdist.strategies import call_arguments
+from tfdist.strategies.inputs import call_arguments
 
 
 def check_same_data(communicator, input_mode, optimizer_state, num_batches, fingerprint=None,

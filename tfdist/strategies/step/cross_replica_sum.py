@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tfdist import _tf
 from tfdist.aggregation.base import EXACT
-from tfdist.strategies import replica_step
+from tfdist.strategies.step import replica_step
 
 
 def _is_mean(reduce_op):

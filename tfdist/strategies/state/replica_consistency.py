@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdist.strategies import rank_state
+from tfdist.strategies.state import rank_state
 from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
 
 _SHOWN = 5  # variables named in an error

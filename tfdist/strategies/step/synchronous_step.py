@@ -16,11 +16,11 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdist.strategies import empty_slice, replica_step
-from tfdist.strategies.batch_dependence import BatchLineage
+from tfdist.strategies.step import empty_slice, replica_step
+from tfdist.strategies.step.batch_dependence import BatchLineage
 from tfdist.strategies.keras_patches import empty_slices
 from tfdist.strategies.keras_patches import steps as keras_steps
-from tfdist.strategies.sharding import batch_rows, leading_rows
+from tfdist.strategies.inputs.batch_slicing import batch_rows, leading_rows
 
 
 def run(extended, fn, args, kwargs, plan):

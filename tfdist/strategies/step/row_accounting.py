@@ -1,7 +1,7 @@
 """Row accounting: what one rank's step knows about the global batch it is part of.
 
 On one process a Keras step sees the whole global batch of n rows. Across P
-processes rank r sees its slice of n_r rows (`sharding.shard_global_batch`),
+processes rank r sees its slice of n_r rows (`batch_slicing.shard_global_batch`),
 and n_r may differ between ranks (a final partial batch) or be zero (fewer
 rows than processes). Single-process results are recovered exactly by
 weighting every rank's per-slice quantity by its *share* of the global

@@ -39,8 +39,8 @@ import tensorflow as tf
 from tfdist import _tf
 from tfdist.aggregation.base import GRADIENT
 from tfdist.profiling.names import communication_scope
-from tfdist.strategies import replica_step
-from tfdist.strategies.step_sum import StepSum
+from tfdist.strategies.step import replica_step
+from tfdist.strategies.step.step_sum import StepSum
 
 
 class GlobalGradients:

@@ -16,9 +16,9 @@ import threading
 
 import tensorflow as tf
 
-from tfdist.strategies.batch_dependence import BatchLineage
-from tfdist.strategies.row_accounting import RowAccounting, kept_or_zeros
-from tfdist.strategies.step_plan import IMMEDIATE, StepPlan
+from tfdist.strategies.step.batch_dependence import BatchLineage
+from tfdist.strategies.step.row_accounting import RowAccounting, kept_or_zeros
+from tfdist.strategies.step.step_plan import IMMEDIATE, StepPlan
 
 _local = threading.local()
 

@@ -1,6 +1,6 @@
 """One Keras optimizer whose state is sharded across the ranks (`modes.ShardedOptimizerState`).
 
-The algorithm is `tfdist.strategies.sharded_optimizer_state`; this module puts it
+The algorithm is `tfdist.strategies.modes.optimizer_shards`; this module puts it
 into one Keras optimizer object when the sharded mode's `begin_build` asks, as
 Keras builds it, through attributes of that one object
 (`patch_points.replace_on_instance`), so the optimizer keeps its class, config
@@ -37,7 +37,7 @@ from tfdist.profiling.names import communication_scope
 
 from tfdist.strategies.keras_patches import patch_points
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
-from tfdist.strategies.sharded_optimizer_state import shards_of
+from tfdist.strategies.modes.optimizer_shards import shards_of
 
 # Keras' optimizers whose update of an element reads only that element (and scalars).
 ELEMENT_WISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta",
