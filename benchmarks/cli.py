@@ -5,9 +5,11 @@
                                       # large_batch, sparse, async, patterns, profiling,
                                       # anatomy, overlap, anchor, engines, engine_step, peer,
                                       # horovod_api, elastic, sharding,
-                                      # emulated
+                                      # emulated, revision
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
+    tfdist-bench --only revision      # never in the default run: this checkout's step
+                                      # against an older revision's (benchmarks/revision_step.py)
 
 One-off studies (a question answered once, e.g. the compression training
 experiment and the consistency costs) live in experiments/ with their frozen
@@ -25,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, anchor_report, async_report, elastic_resize, emulated_cluster, engine_curves, engine_step, horovod_api, keras_patterns_report, optimizer_sharding,
-                        large_batch,
-                        overlap_report, peer_report, profiling_report)
+from benchmarks import (anatomy_report, anchor_report, async_report, elastic_resize,
+                        emulated_cluster, engine_curves, engine_step, horovod_api,
+                        keras_patterns_report, large_batch, optimizer_sharding, overlap_report,
+                        peer_report, profiling_report, revision_step)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
 from benchmarks.ps_report import plot_ps_scaling, ps_analysis
@@ -225,9 +228,10 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "emulated": emulated_cluster.run,
          "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run,
          "horovod_api": horovod_api.run, "elastic": elastic_resize.run,
-         "sharding": optimizer_sharding.run}
-# Need root and network namespaces, and take long: only when named.
-NOT_BY_DEFAULT = ("emulated",)
+         "sharding": optimizer_sharding.run, "revision": revision_step.run}
+# Need root and network namespaces, and take long; or compare with a fixed old revision: only
+# when named.
+NOT_BY_DEFAULT = ("emulated", "revision")
 
 
 def main(argv=None):

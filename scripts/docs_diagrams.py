@@ -1,15 +1,18 @@
 """Draw the documentation's diagrams into docs/images/ (matplotlib; run after changing one).
 
-    .venv/bin/python scripts/docs_diagrams.py
+    .venv/bin/python scripts/docs_diagrams.py                 # every diagram
+    .venv/bin/python scripts/docs_diagrams.py architecture    # only the ones named
 
-Each picture shows one algorithm the pages describe in words: the ring all-reduce, the
-reduction tree, parameter servers (synchronous and asynchronous), the elastic resize and
-optimizer-state sharding's partition. The PNGs are committed; `tests/test_docs.py` checks that
-each page that uses one shows it.
+Each picture shows one algorithm or structure the pages describe in words: the ring
+all-reduce, the reduction tree, parameter servers (synchronous and asynchronous), the elastic
+resize, optimizer-state sharding's partition, and the package's layers with the strategy's
+three mode interfaces. The PNGs are committed; `tests/test_docs.py` checks that each page that
+uses one shows it.
 """
 
 import math
 import os
+import sys
 
 import matplotlib
 
@@ -203,11 +206,113 @@ def sharding():
     _save(figure, "diagram_sharding.png")
 
 
-def main():
+def _band(axes, y, name, text, x=0.6, width=8.3, height=0.42, color=LIGHT):
+    """One layer of the package as a full-width band: its modules in bold, then what it is."""
+    axes.add_patch(FancyBboxPatch((x, y - height / 2), width, height,
+                                  boxstyle="round,pad=0.02,rounding_size=0.08",
+                                  facecolor=color, edgecolor="none"))
+    axes.text(x + 0.15, y, name, ha="left", va="center", fontsize=9.5, weight="bold",
+              color=RANK)
+    axes.text(x + 2.55, y, text, ha="left", va="center", fontsize=9)
+
+
+def _frame(axes, x, y, width, height, color=RANK, style="-"):
+    axes.add_patch(FancyBboxPatch((x, y), width, height,
+                                  boxstyle="round,pad=0.02,rounding_size=0.12",
+                                  facecolor="none", edgecolor=color, linewidth=1.4,
+                                  linestyle=style))
+
+
+def architecture():
+    """The layers (imports point down) and, inside strategies/, the core calling the three mode
+    interfaces, each with its two implementations."""
+    figure, axes = _canvas(9, 9.6)
+    axes.text(0.1, 9.45, "tfdist's layers, and a strategy's three modes", fontsize=13,
+              weight="bold", va="center")
+    _arrow(axes, (0.3, 9.05), (0.3, 0.35), color=GREY, shrink=0)
+    axes.text(0.18, 4.7, "imports point down", rotation=90, ha="right", va="center",
+              fontsize=9, color=GREY)
+    for y, name, text in (
+            (8.95, "launch/, server.py", "tfdist-run, tfdist-bench, python -m tfdist.server"),
+            (8.45, "horovod/", "Horovod's Keras API over a per-rank-input ring strategy"),
+            (7.95, "callbacks/", "learning-rate scaling, warmup, schedules; monitors")):
+        _band(axes, y, name, text)
+
+    # strategies/: the public strategies, the core, the three interfaces, the shared parts
+    _frame(axes, 0.6, 2.88, 8.3, 4.8)
+    axes.text(0.75, 7.45, "strategies/", fontsize=9.5, weight="bold", color=RANK, va="center")
+    axes.text(2.0, 7.45, "(this layer also holds optimizers/ and profiling's report)",
+              fontsize=8.5, color=GREY, va="center")
+    publics = ("DataParallelStrategy\n(the base)", "RingAllReduce\nStrategy",
+               "ReductionTree\nStrategy", "ParameterServer\nStrategy")
+    for index, name in enumerate(publics):
+        _box(axes, 1.72 + 2.02 * index, 6.95, name, width=1.88, height=0.55, size=8.5)
+    _arrow(axes, (4.75, 6.66), (4.75, 6.43), color=GREY, shrink=0, width=1.3)
+    axes.text(4.87, 6.55, "each: an aggregator + three modes", fontsize=8, color=GREY,
+              va="center")
+    _box(axes, 4.75, 6.1, "core/  DataParallelExtended  (strategy.extended)\n"
+                          "communicator, aggregator, variables, each step by its plan",
+         color=SERVER, width=6.0, height=0.6, size=9)
+
+    _frame(axes, 0.78, 3.72, 7.94, 1.9, color=GREY, style="--")
+    axes.text(0.92, 5.47, "modes/", fontsize=9, weight="bold", color=RANK, va="center")
+    interfaces = (
+        ("InputMode", ("GlobalBatch\nInput", "PerRank\nInput"), "per_rank_input=True"),
+        ("OptimizerStateMode", ("Replicated\nOptimizerState", "Sharded\nOptimizerState"),
+         "shard_optimizer_state=True"),
+        ("UpdateMode", ("Synchronous\nUpdates", "Asynchronous\nUpdates"),
+         'mode="async"'))
+    for index, (interface, implementations, chosen_by) in enumerate(interfaces):
+        x = 2.2 + 2.65 * index
+        _arrow(axes, (4.75 + 1.2 * (index - 1), 5.8), (x, 5.36), color=GREY, shrink=0,
+               width=1.3)
+        _box(axes, x, 5.15, interface, width=2.2, height=0.4, size=9.5)
+        for side, implementation in zip((-1, 1), implementations):
+            ix = x + side * 0.63
+            axes.plot([x + side * 0.3, ix], [4.95, 4.74], color=GREY, linewidth=1,
+                      linestyle="--")
+            _box(axes, ix, 4.45, implementation, color="#c5cae9", text_color="black",
+                 width=1.2, height=0.56, size=8)
+        axes.text(x - 0.63, 4.1, "default", ha="center", va="top", fontsize=7.5, color=GREY)
+        axes.text(x + 0.63, 4.1, chosen_by, ha="center", va="top", fontsize=7.5, color=GREY)
+
+    for index, (name, text) in enumerate((
+            ("step/", "step plan, fused all-reduce"),
+            ("inputs/", "slices, same-data checks"),
+            ("state/", "global, per rank, compared"),
+            ("keras_patches/", "Keras changes, declared"))):
+        x = 1.72 + 2.02 * index
+        _box(axes, x, 3.28, "", color=LIGHT, width=1.88, height=0.52)
+        axes.text(x, 3.39, name, ha="center", va="center", fontsize=8.5, weight="bold",
+                  color=RANK)
+        axes.text(x, 3.16, text, ha="center", va="center", fontsize=7.5)
+
+    for y, name, text in (
+            (2.5, "runtime, simulation", "process state, communicators, shutdown; "
+                                         "ranks as threads"),
+            (2.0, "fault_tolerance/", "backups (given a BackupJob), preemption, restarts"),
+            (1.5, "aggregation/", "ring, tree, parameter servers, compression, cost model"),
+            (1.0, "comm/", "Communicator: TF collectives, Horovod; RPC, liveness"),
+            (0.5, "process_setup/", "and _tf, private_surface, errors, env_vars, versions")):
+        _band(axes, y, name, text)
+    _save(figure, "diagram_architecture.png")
+
+
+DIAGRAMS = {"ring": ring, "tree": tree, "parameter_servers": parameter_servers,
+            "async": asynchronous, "elastic": elastic, "sharding": sharding,
+            "architecture": architecture}
+
+
+def main(names=()):
+    """Draw the diagrams `names` (keys of `DIAGRAMS`), or every one."""
+    unknown = sorted(set(names) - set(DIAGRAMS))
+    if unknown:
+        raise SystemExit(f"unknown diagram(s) {unknown}; choose from {sorted(DIAGRAMS)}")
     os.makedirs(OUT, exist_ok=True)
-    for draw in (ring, tree, parameter_servers, asynchronous, elastic, sharding):
-        draw()
+    for name, draw in DIAGRAMS.items():
+        if not names or name in names:
+            draw()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
