@@ -39,14 +39,17 @@ class DistributedGradientTape:
 
     Args:
         gradtape: the `tf.GradientTape` that recorded the forward pass.
-        device_dense, device_sparse: Horovod's devices (accepted; tfdist places the
+        device_dense: Horovod's device for dense gradients (accepted; tfdist places the
             collectives itself).
+        device_sparse: Horovod's device for sparse gradients (accepted, as `device_dense`).
         compression: `hvd.Compression.none` or `hvd.Compression.fp16` (float16 on the wire).
         sparse_as_dense: reduce `IndexedSlices` gradients as dense tensors.
         op: `hvd.Average` (default) or `hvd.Sum`.
         gradient_predivide_factor: Horovod's split of the averaging before and after the
             sum (op=Average only).
-        num_groups, groups: Horovod's fusion groups (accepted; one fused all-reduce per call).
+        num_groups: Horovod's number of fusion groups (accepted; one fused all-reduce per
+            call).
+        groups: Horovod's fusion groups (accepted, as `num_groups`).
         process_set: only `hvd.global_process_set`.
         scale_local_gradients: accepted (no local gradients in tfdist).
 

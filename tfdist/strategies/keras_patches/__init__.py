@@ -20,8 +20,9 @@ each family in its own module:
   scaling's finite check and accumulation;
 * `metrics`: batch-level `Mean` updates are share-weighted;
 * `callbacks`: the multi-process policy of every callback list (chief-only
-  writers, the step watchdog, the end-of-fit barrier, the asynchronous PS's
-  parameter refresh, TensorBoard profiling); a tfdist model's list becomes a
+  writers, the step watchdog, TensorBoard profiling, and the callbacks of the
+  strategy's modes: the end-of-fit check and barrier, the asynchronous PS's
+  parameter refresh, fit's start from rank 0's variables); a tfdist model's list becomes a
   `callback_list.MultiProcessHooks` subclass: the loop's stop flags agreed
   by every rank (`loop_flags`), the backup's hooks;
 * `backup`: the user's `BackupAndRestore` (subclassed, `DistributedBackup`)
@@ -33,17 +34,22 @@ each family in its own module:
   custom-loop step, not here);
 * `data`: building from the data's spec, `*_on_batch` slicing, generators
   without read-ahead, the epoch iterators recorded and compared across ranks;
-* `compile_arguments`: Keras 2's `experimental_run_tf_function` accepted in a
-  Horovod-API model's `compile`;
+* `compile_arguments`: `compile`'s arguments as the strategy's input mode takes
+  them (Keras 2's `experimental_run_tf_function` accepted in a Horovod-API
+  model's `compile`);
 * `gradient_options` (one optimizer, on request of `tfdist.horovod.keras`):
   a factor on its gradients and sparse gradients made dense.
 
-Besides those, four modules patch nothing: `fit_session` (the one owner
+Besides those, five modules patch nothing: `fit_session` (the one owner
 of a running fit's state: `LoopCall`), `loop_flags` (the agreement, called
 by the callback list), `steps` (which Keras step a function is, and its
-logs) and `model_strategy` (what a model's strategy is: the API the
-callbacks layer uses). Nothing else in tfdist imports `keras.src` or touches
-a private Keras attribute.
+logs), `model_strategy` (what a model's strategy is: the API the callbacks
+layer uses) and `backup_job` (what a backup needs of the strategy, given to
+`tfdist.fault_tolerance.backup_state`). The sharded optimizer-state mode's
+per-optimizer methods (`tfdist.strategies.modes.sharded_optimizer_methods`)
+replace attributes of one optimizer through `patch_points` too. Nothing else
+in tfdist imports `keras.src`; every private Keras attribute read or written
+anywhere in tfdist is declared in `tfdist.private_surface`.
 
 The patches apply only to models built under a tfdist strategy; everything
 else is untouched. `install()` is called when the first tfdist strategy is

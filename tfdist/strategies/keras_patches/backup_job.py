@@ -8,7 +8,7 @@ strategy's part that knows it: its optimizer-state mode (a sharded state,
 whole for a save), its update mode (parameter servers' state), `rank_state`
 (each rank's compression residuals) and `save_records`; the Keras callbacks'
 private attributes read and written here are declared in
-`patch_points.PRIVATE_ATTRIBUTES`.
+`tfdist.private_surface.PRIVATE_ATTRIBUTES`.
 """
 
 import dataclasses

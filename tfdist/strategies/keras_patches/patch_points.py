@@ -124,8 +124,11 @@ POINTS = (
                "a sharded optimizer's slots hold one rank's slices: their shapes, the norms of "
                "clipping, EMA and the saved whole state differ from Keras' per-variable code, "
                "which has no hook for a slot's shape or a variable's part; a subclass would "
-               "change the optimizer's class and saved form, attributes of the one object do "
-               "not", per_instance=True),
+               "change the optimizer's saved form (Keras serializes a class it exports by its "
+               "public path, keras.optimizers.Adam, and any other class by its module, "
+               "keras.src.optimizers.adam: measured), attributes of the one object do not; "
+               "the shards themselves are in optimizer_shards' weak registry, not on it",
+               per_instance=True),
     PatchPoint("LossScaleOptimizer", ("check_finite",), "sharded_optimizer_methods",
                "with reduce-scattered gradients each rank holds its slices only, and "
                "apply's skip-or-update decision (and the loss scale's change) is taken from "
