@@ -395,9 +395,6 @@ class OptimizerShards:
             if self._depth == 0:
                 self.release()
 
-    def state_bytes(self) -> int:
-        """Bytes of this rank's slots."""
-        return sum(_elements(slot) * tf.as_dtype(slot.dtype).size for slot, _ in self.slots.values())
 
 
 # ------------------------------------------------------------------ the registry
