@@ -194,48 +194,9 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         broadcast; or the creating rank's own until synchronized)."""
         if self._one_process or getattr(self._rank_local, "active", False):
             return super()._create_variable(next_creator, **kwargs)
-        kwargs = self.input_mode.creating_variable(kwargs, self._broadcast_initial_value)
+        kwargs = self.input_mode.creating_variable(kwargs, self._communicator)
         variable = super()._create_variable(next_creator, **kwargs)
         return self.local_state.track(variable)
-
-    def _broadcast_initial_value(self, kwargs):
-        initial_value = kwargs["initial_value"]
-        dtype = kwargs.get("dtype")
-        name = kwargs.get("name")
-        communicator = self._communicator
-
-        def from_rank_zero():
-            # A variable created inside a tf.function (an optimizer's slots built by the first
-            # `apply_gradients` in `strategy.run`) is initialized by calling this in the
-            # function's graph; an initializer callable is evaluated eagerly instead, so the
-            # broadcast (eager, once, when every rank traces the function) can use its value.
-            with tf.init_scope():
-                value = initial_value() if callable(initial_value) else initial_value
-                value = getattr(value, "wrapped_value", value)  # CheckpointInitialValue
-                if not tf.is_symbolic_tensor(value):
-                    return self._checked_broadcast(
-                        communicator, tf.convert_to_tensor(value, dtype=dtype), name)
-            # A tensor of the function being traced: broadcast inside it.
-            return self._checked_broadcast(communicator, tf.convert_to_tensor(value, dtype=dtype),
-                                           name)
-
-        return from_rank_zero
-
-    def _checked_broadcast(self, communicator, value, name):
-        """Broadcast from rank 0, failing clearly if ranks built different variables."""
-        rank = communicator.rank
-        signature = tf.constant([value.shape.rank] + value.shape.as_list()
-                                + [value.dtype.as_datatype_enum], dtype=tf.int64)
-        signature = tf.pad(signature, [[0, 16 - tf.size(signature)]])
-        root_signature = communicator.broadcast(signature)
-        if not bool(tf.reduce_all(tf.equal(root_signature, signature))):
-            raise ValueError(
-                f"tfdist rank {rank}: variable {name!r} has shape {value.shape} and dtype "
-                f"{value.dtype.name} here but a different shape or dtype on rank 0 "
-                "(root signature "
-                f"{root_signature.numpy().tolist()}): every rank must build the same model."
-            )
-        return communicator.broadcast(value)
 
     # ---------------------------------------------------------- reductions
     def all_reduce_sum(self, values):

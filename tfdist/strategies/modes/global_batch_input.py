@@ -47,9 +47,11 @@ class GlobalBatchInput:
         del world_size
         return batch_size
 
-    def creating_variable(self, kwargs, from_rank_zero):
+    def creating_variable(self, kwargs, communicator):
+        """The initial value broadcast from rank 0 (ON_READ variables, each rank's own state,
+        as created), checked to have the same shape and dtype on every rank."""
         if kwargs.get("synchronization") != tf.VariableSynchronization.ON_READ:
-            kwargs["initial_value"] = from_rank_zero(kwargs)
+            kwargs["initial_value"] = _from_rank_zero(kwargs, communicator)
         return kwargs
 
     def distribute_dataset(self, dataset, cluster):
@@ -137,3 +139,42 @@ def _shard_files(dataset, context):
     global_batch = _tf.static_batch_size(dataset)
     sharded = _tf.auto_shard_dataset(dataset, context)
     return sharded.rebatch(global_batch // context.num_input_pipelines)
+
+
+def _from_rank_zero(kwargs, communicator):
+    """An initial value (for `kwargs` of a variable's creation) that is rank 0's."""
+    initial_value = kwargs["initial_value"]
+    dtype = kwargs.get("dtype")
+    name = kwargs.get("name")
+
+    def from_rank_zero():
+        # A variable created inside a tf.function (an optimizer's slots built by the first
+        # `apply_gradients` in `strategy.run`) is initialized by calling this in the
+        # function's graph; an initializer callable is evaluated eagerly instead, so the
+        # broadcast (eager, once, when every rank traces the function) can use its value.
+        with tf.init_scope():
+            value = initial_value() if callable(initial_value) else initial_value
+            value = getattr(value, "wrapped_value", value)  # CheckpointInitialValue
+            if not tf.is_symbolic_tensor(value):
+                return _checked_broadcast(communicator, tf.convert_to_tensor(value, dtype=dtype),
+                                          name)
+        # A tensor of the function being traced: broadcast inside it.
+        return _checked_broadcast(communicator, tf.convert_to_tensor(value, dtype=dtype), name)
+
+    return from_rank_zero
+
+
+def _checked_broadcast(communicator, value, name):
+    """Broadcast from rank 0, failing clearly if ranks built different variables."""
+    rank = communicator.rank
+    signature = tf.constant([value.shape.rank] + value.shape.as_list()
+                            + [value.dtype.as_datatype_enum], dtype=tf.int64)
+    signature = tf.pad(signature, [[0, 16 - tf.size(signature)]])
+    root_signature = communicator.broadcast(signature)
+    if not bool(tf.reduce_all(tf.equal(root_signature, signature))):
+        raise ValueError(
+            f"tfdist rank {rank}: variable {name!r} has shape {value.shape} and dtype "
+            f"{value.dtype.name} here but a different shape or dtype on rank 0 "
+            "(root signature "
+            f"{root_signature.numpy().tolist()}): every rank must build the same model.")
+    return communicator.broadcast(value)

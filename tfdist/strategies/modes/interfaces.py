@@ -37,9 +37,9 @@ class InputMode(Protocol):
     def global_batch_size(self, batch_size: int, world_size: int) -> int:
         """The rows of one step when `fit` was given `batch_size`."""
 
-    def creating_variable(self, kwargs: dict, from_rank_zero: Callable[[dict], Any]) -> dict:
-        """A variable's creation arguments: its initial value from rank 0
-        (`from_rank_zero(kwargs)`), or the creating rank's own."""
+    def creating_variable(self, kwargs: dict, communicator: Any) -> dict:
+        """A variable's creation arguments: its initial value rank 0's (broadcast by
+        `communicator`), or the creating rank's own."""
 
     def distribute_dataset(self, dataset: Any, cluster: Any) -> Any:
         """This rank's `LocalSliceDataset` of `dataset`."""

@@ -47,8 +47,8 @@ class PerRankInput:
     def global_batch_size(self, batch_size, world_size):
         return batch_size * world_size  # each rank's batch is its part of the step
 
-    def creating_variable(self, kwargs, from_rank_zero):
-        del from_rank_zero  # the creating rank's own until synchronized
+    def creating_variable(self, kwargs, communicator):
+        del communicator  # the creating rank's own until synchronized
         return kwargs
 
     def distribute_dataset(self, dataset, cluster):
