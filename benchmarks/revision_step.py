@@ -21,7 +21,8 @@ revisions alternating between rounds. The ratio is this checkout's median
 step over the baseline's in the same round; the summary is the median over
 rounds. Result: benchmarks/results/revision_step.json.
 
-    python -m benchmarks.revision_step [--baseline REV] [--rounds 3]
+    python -m benchmarks.revision_step [--baseline REV] [--rounds 3] [--epochs 3]
+        [--configs auto collective sharded ps] [--models cnn mlp] [--out NAME]
 """
 
 import argparse
@@ -56,21 +57,22 @@ def export_revision(revision, directory):
     return sha
 
 
-def run_config(library, out, options, epochs):
+def run_config(library, out, options, epochs, models=MODELS):
     """One 2-process job of `peer_worker.py` with the library at `library` first on the path;
     its models' results."""
     env = worker_env()
     env["PYTHONPATH"] = os.pathsep.join([library, env["PYTHONPATH"]])
     command = [sys.executable, "-m", "tfdist.launch", "-np", str(PROCESSES), sys.executable,
                os.path.join(HERE, "peer_worker.py"), out, *options, "--time", "--epochs",
-               str(epochs), "--models", *MODELS]
+               str(epochs), "--models", *models]
     print("$", f"PYTHONPATH={library}:...", " ".join(command[2:]), flush=True)
     subprocess.run(command, env=env, check=True, cwd=REPO)
     with open(out) as f:
         return json.load(f)["models"]
 
 
-def run(tmp, baseline=BASELINE, rounds=3, epochs=3):
+def run(tmp, baseline=BASELINE, rounds=3, epochs=3, configs=tuple(CONFIGS), models=MODELS,
+        out="revision_step.json"):
     base_dir = os.path.join(tmp, "baseline")
     os.makedirs(base_dir, exist_ok=True)
     base_sha = export_revision(baseline, base_dir)
@@ -78,16 +80,16 @@ def run(tmp, baseline=BASELINE, rounds=3, epochs=3):
     runs = []
     for round_index in range(rounds):
         order = ["baseline", "current"] if round_index % 2 == 0 else ["current", "baseline"]
-        for config, options in CONFIGS.items():
+        for config in configs:
             for tree in order:
-                out = os.path.join(tmp, f"revision_{round_index}_{config}_{tree}.json")
-                models = run_config(trees[tree], out, options, epochs)
+                path = os.path.join(tmp, f"revision_{round_index}_{config}_{tree}.json")
+                timed = run_config(trees[tree], path, CONFIGS[config], epochs, models)
                 runs.append({"round": round_index, "config": config, "tree": tree,
-                             **{f"{m}_median_step_ms": models[m]["median_step_ms"]
-                                for m in MODELS}})
+                             **{f"{m}_median_step_ms": timed[m]["median_step_ms"]
+                                for m in models}})
     summary = {}
-    for config in CONFIGS:
-        for model in MODELS:
+    for config in configs:
+        for model in models:
             key = f"{model}_median_step_ms"
             ratios = []
             for round_index in range(rounds):
@@ -111,7 +113,7 @@ def run(tmp, baseline=BASELINE, rounds=3, epochs=3):
                        "checkout is faster. This machine is shared: a ratio moves by several "
                        "percent between runs.",
     }
-    write_result("revision_step.json", result)
+    write_result(out, result)
     return result
 
 
@@ -120,9 +122,14 @@ def main(argv=None):
     parser.add_argument("--baseline", default=BASELINE, help="the git revision to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="per model, the first untimed")
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--out", default="revision_step.json",
+                        help="the result's file name under benchmarks/results/")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(tmp, args.baseline, args.rounds, args.epochs)
+        result = run(tmp, args.baseline, args.rounds, args.epochs, args.configs,
+                     tuple(args.models), args.out)
     print(json.dumps(result["summary"], indent=1))
     return 0
 
