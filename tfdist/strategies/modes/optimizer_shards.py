@@ -52,7 +52,8 @@ gradients' reduce-scatter and the parameters' all-gather, (P - 1) / P n beta and
 (ZeRO's accounting), as one collective more per bucket; without one (TensorFlow's
 collectives): the gradient all-reduce of 2 (P - 1) / P n beta as before plus the
 all-gather - 1.5x the bytes. Saving gathers the whole state on every rank that
-saves (`consolidate`), so a checkpoint is the plain Keras file.
+saves (`consolidated`; the slots' side is `sharded_slots.ShardedSlots`), so a
+checkpoint is the plain Keras file.
 """
 
 import contextlib
@@ -62,13 +63,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdist import _tf
 from tfdist.aggregation.ownership import FlatPartition, bucket_groups
 from tfdist.profiling.names import communication_scope
-
-
-def _elements(variable) -> int:
-    return int(np.prod(variable.shape))
+from tfdist.strategies.modes.sharded_slots import ShardedSlots
+from tfdist.strategies.modes.sharded_slots import elements as _elements, path as _path
 
 
 def _sparse_range(gradient: tf.IndexedSlices, shape, start: int, stop: int) -> tf.IndexedSlices:
@@ -134,11 +132,7 @@ class OptimizerShards:
             self._consumed = tf.Variable(0.0, trainable=False, name="tfdist_consumed_gradients")
         for i, shard in enumerate(self.shard_variables):
             self._index[id(shard)] = i
-        self.slots: Dict[int, tuple] = {}  # id(slot) -> (slot, index of its model variable)
-        self._slot_of_value: Dict[int, object] = {}  # id(TensorFlow variable) -> its Keras slot
-        self._full: Dict[int, np.ndarray] = {}  # id(slot) -> whole value (consolidate / load)
-        self.keep_loaded = False  # a load keeps the whole values (the chief restoring a backup)
-        self._depth = 0  # nested `consolidated` scopes
+        self.slots = ShardedSlots(self)  # the optimizer's slots of this rank's slices
 
     # ----------------------------------------------------------- the variables
     def index_of(self, variable) -> Optional[int]:
@@ -153,65 +147,6 @@ class OptimizerShards:
         """The shape of this rank's slot of model variable `reference` (None: not sharded)."""
         index = self.index_of(reference)
         return None if index is None else [self.local_size(index)]
-
-    def remember_slot(self, slot, reference, created=()) -> None:
-        """`slot` (a Keras variable) holds this rank's slice of model variable `reference`;
-        `created`: the TensorFlow variables made for it (`creating_slot`)."""
-        self.slots[id(slot)] = (slot, self.index_of(reference))
-        for value in created:
-            self._slot_of_value[id(value)] = slot
-
-    @contextlib.contextmanager
-    def creating_slot(self, reference):
-        """Inside: the TensorFlow variable Keras creates for the slot of `reference` is a
-        `_ShardedSlotValue` (its checkpoint saves the whole slot, restores this rank's
-        slice: a `tf.train.Checkpoint` restores a slot the moment the optimizer tracks it,
-        inside Keras' `add_variable`); yields the list of those created."""
-        index, created = self.index_of(reference), []
-
-        def as_sharded_slot(next_creator, **kwargs):
-            value = next_creator(**kwargs)
-            value.__class__ = _sharded_slot_class(type(value))
-            _slot_values[id(value)] = (weakref.ref(self), index)
-            created.append(value)
-            return value
-
-        with tf.variable_creator_scope(as_sharded_slot):
-            yield created
-
-    def checkpoint_value(self, value, index: int) -> tf.Tensor:
-        """The whole slot (of model variable `index`) whose slice `value` holds, when a
-        `tf.train.Checkpoint` writes it: the consolidated one (inside `consolidated`), else
-        gathered from every rank now (every rank saves, as the multi-worker guide's loops do; a
-        save on one rank alone fails once the others are gone, or at the job timeout)."""
-        shape = self.variables[index].shape
-        slot = self._slot_of_value.get(id(value))
-        whole = self.whole_value(slot) if slot is not None else None
-        if whole is not None:
-            return tf.constant(np.reshape(whole, shape))
-        with self.communicator.expect_progress(
-                "gathering a sharded optimizer slot for tf.train.Checkpoint.save "
-                "(shard_optimizer_state=True: every rank must save)"):
-            gathered = self.communicator.all_gather(tf.convert_to_tensor(value))
-        return tf.reshape(gathered, shape)
-
-    def restore_checkpoint_value(self, value, index: int, restored) -> None:
-        """Restore the slice `value` holds of the slot of model variable `index` from a
-        checkpoint's whole `restored`."""
-        variable = self.variables[index]
-        if int(np.prod(restored.shape)) != _elements(variable):
-            raise ValueError(
-                f"tfdist rank {self.rank}: the checkpoint holds {list(restored.shape)} for an "
-                f"optimizer slot of {_path(variable)}, not the whole {list(variable.shape)}: it "
-                "was written with the state sharded by a version of tfdist that saved slices. "
-                "Save it again from the job that wrote it, or train from its weights alone.")
-        whole = restored.numpy() if hasattr(restored, "numpy") else np.asarray(restored)
-        start, stop = self.ranges[index]
-        with tf.init_scope():  # a slot created in a step's first trace: restored eagerly
-            value.assign(np.reshape(whole, [-1])[start:stop])
-
-    def is_slot(self, variable) -> bool:
-        return id(variable) in self.slots
 
     def local_part(self, tensor, index: int):
         """This rank's slice of a whole-variable tensor (a tensor of the slice's size is that
@@ -344,96 +279,9 @@ class OptimizerShards:
         return self.counters.timed(inputs, run, payload_bytes=part_bytes * self.world_size,
                                    sent_bytes=part_bytes * (self.world_size - 1))
 
-    # ------------------------------------------------------------- checkpoints
-    def consolidate(self) -> None:
-        """The whole value of every slot, gathered from every rank (eager; every rank calls)."""
-        for key, (slot, index) in sorted(self.slots.items(), key=lambda item: str(item[1][0].path)):
-            del key
-            whole = self.communicator.all_gather(tf.convert_to_tensor(slot))
-            self._full[id(slot)] = np.reshape(whole.numpy(), self.variables[index].shape)
-
-    def release(self) -> None:
-        self._full.clear()
-
-    def whole_value(self, slot) -> Optional[np.ndarray]:
-        """The whole value of `slot` consolidated (or loaded) here, or None."""
-        return self._full.get(id(slot))
-
-    def load_whole(self, slot, value) -> None:
-        """Assign this rank's slice of the whole `value` of `slot` (kept for `share_loaded`
-        inside `keeping_loaded`)."""
-        value = np.asarray(value)
-        index = self.slots[id(slot)][1]
-        if self.keep_loaded:
-            self._full[id(slot)] = value
-        start, stop = self.ranges[index]
-        slot.assign(np.reshape(value, [-1])[start:stop])
-
-    def share_loaded(self, root: int = 0) -> None:
-        """Every rank takes its slices of the whole slots `root` loaded (eager; every rank)."""
-        for _, (slot, index) in sorted(self.slots.items(), key=lambda item: str(item[1][0].path)):
-            variable = self.variables[index]
-            value = self._full.get(id(slot))
-            if value is None:
-                value = np.zeros(variable.shape, tf.as_dtype(slot.dtype).as_numpy_dtype)
-            whole = self.communicator.broadcast(tf.constant(value), root).numpy()
-            start, stop = self.ranges[index]
-            slot.assign(np.reshape(whole, [-1])[start:stop])
-        self.release()
-
-    @contextlib.contextmanager
-    def consolidated(self):
-        """Inside: the whole slots are known (gathered once: a save inside a save - the
-        chief's backup writing its weights file - gathers nothing more)."""
-        self._depth += 1
-        try:
-            if self._depth == 1:
-                self.consolidate()
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.release()
-
-
 
 # ------------------------------------------------------------------ the registry
 _SHARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> its shards
-
-
-# id(TensorFlow variable of a sharded slot) -> (the OptimizerShards, index of its model variable)
-_slot_values: Dict[int, tuple] = {}
-_SLOT_CLASSES: Dict[type, type] = {}
-
-
-def _sharded_slot_class(base: type) -> type:
-    """`base` (a TensorFlow variable class) with the checkpoint methods of a sharded slot: a
-    `tf.train.Checkpoint` saves the whole slot and restores this rank's slice of it, at any
-    number of ranks. Only the slots' own variables get it (`creating_slot`): every other
-    variable of the process checkpoints as TensorFlow does."""
-    if base not in _SLOT_CLASSES:
-        def _owner(value):
-            shards, index = _slot_values[id(value)]
-            return shards(), index
-
-        def _serialize_to_tensors(self):
-            shards, index = _owner(self)
-            if shards is None:
-                return base._serialize_to_tensors(self)  # pylint: disable=protected-access
-            return {"VARIABLE_VALUE": _tf.lazy_save_spec(
-                lambda: shards.checkpoint_value(self, index), self.dtype, self.device)}
-
-        def _restore_from_tensors(self, restored_tensors):
-            shards, index = _owner(self)
-            if shards is None:
-                return base._restore_from_tensors(self, restored_tensors)  # pylint: disable=W0212
-            shards.restore_checkpoint_value(self, index, restored_tensors["VARIABLE_VALUE"])
-            return self.value()
-
-        _SLOT_CLASSES[base] = type(base.__name__, (base,), {
-            "__module__": base.__module__, "_serialize_to_tensors": _serialize_to_tensors,
-            "_restore_from_tensors": _restore_from_tensors})
-    return _SLOT_CLASSES[base]
 
 
 def register(optimizer, shards: OptimizerShards) -> None:
@@ -460,7 +308,7 @@ def model_shards(model) -> List[OptimizerShards]:
 
 def sharded_slots(model) -> list:
     """The slots of `model`'s optimizers that hold this rank's slices only."""
-    return [slot for shards in model_shards(model) for slot, _ in shards.slots.values()]
+    return [slot for shards in model_shards(model) for slot in shards.slots.all()]
 
 
 @contextlib.contextmanager
@@ -479,7 +327,7 @@ def consolidated(model):
                 "every rank must save)"):
             try:
                 for shards in sharded:
-                    stack.enter_context(shards.consolidated())
+                    stack.enter_context(shards.slots.consolidated())
             except tf.errors.OpError as error:
                 raise RuntimeError(
                     f"tfdist rank {communicator.rank}: this save needs every rank's slices of "
@@ -497,20 +345,16 @@ def keeping_loaded(model):
     """Inside: a load keeps the whole optimizer state it read, for `share_loaded_state`."""
     sharded = model_shards(model)
     for shards in sharded:
-        shards.keep_loaded = True
+        shards.slots.keep_loaded = True
     try:
         yield
     finally:
         for shards in sharded:
-            shards.keep_loaded = False
+            shards.slots.keep_loaded = False
 
 
 def share_loaded_state(model, root: int = 0) -> None:
     """After rank `root` alone loaded `model`'s whole optimizer state (inside
     `keeping_loaded`): every rank takes its slices of it (every rank calls)."""
     for shards in model_shards(model):
-        shards.share_loaded(root)
-
-
-def _path(variable) -> str:
-    return str(getattr(variable, "path", None) or variable.name)
+        shards.slots.share_loaded(root)

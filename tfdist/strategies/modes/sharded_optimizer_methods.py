@@ -149,11 +149,11 @@ def install_on(optimizer, shards, extended):
             return cls.add_variable_from_reference(optimizer, reference_variable, name=name,
                                                    initializer=initializer)
         with extended.rank_local_variables(), \
-                shards.creating_slot(reference_variable) as created:
+                shards.slots.creating(reference_variable) as created:
             slot = BaseOptimizer.add_variable_from_reference(
                 optimizer, _SliceReference(reference_variable, shape), name=name,
                 initializer=initializer)
-        shards.remember_slot(slot, reference_variable, created)
+        shards.slots.remember(slot, reference_variable, created)
         return slot
 
     def _all_reduce_sum_gradients(grads_and_vars):
@@ -198,8 +198,8 @@ def install_on(optimizer, shards, extended):
 
     def save_own_variables(store):
         for i, variable in enumerate(optimizer.variables):
-            if shards.is_slot(variable):
-                whole = shards.whole_value(variable)
+            if shards.slots.holds(variable):
+                whole = shards.slots.whole_value(variable)
                 if whole is None:
                     raise RuntimeError(
                         f"tfdist rank {shards.rank}: {optimizer.name}'s state is sharded "
@@ -215,8 +215,8 @@ def install_on(optimizer, shards, extended):
         if len(store.keys()) != len(variables):
             return cls.load_own_variables(optimizer, store)  # Keras' warning, nothing loaded
         for i, variable in enumerate(variables):
-            if shards.is_slot(variable):
-                shards.load_whole(variable, store[str(i)])
+            if shards.slots.holds(variable):
+                shards.slots.load_whole(variable, store[str(i)])
             else:
                 variable.assign(store[str(i)])
 
