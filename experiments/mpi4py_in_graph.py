@@ -20,7 +20,12 @@ step's graph. This script times, in one job of `mpirun -np 2`, the same sum of
   `.numpy()`, the result returned as an array);
 * `numpy_function_6_buckets`: six 3.9 MB buckets, each a `numpy_function`
   ordered after the previous one (MPI's collectives must be called in the
-  same order on every rank), as a ring strategy's buckets would be.
+  same order on every rank), as a ring strategy's buckets would be;
+* `compiled_op`: a compiled TensorFlow op (`mpi_allreduce_op.cc`, built here
+  with g++, `tf.sysconfig`'s flags and `mpicxx`'s) calling `MPI_Allreduce` on
+  the tensor's own buffer, in place on a fresh tensor (`t * 1.0`, whose copy
+  `tf_copy_alone` times by itself); `compiled_op_6_buckets`: the six buckets
+  through it, chained as above.
 
 Each: the median of 25 calls after 5 warm-up calls, every call started by a
 barrier. Rank 0 writes `experiments/results/mpi4py_in_graph.json`.
@@ -31,8 +36,11 @@ barrier. Rank 0 writes `experiments/results/mpi4py_in_graph.json`.
 
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -77,6 +85,21 @@ def copied(array):
     return np.array(array, copy=True)
 
 
+def compiled_op(directory):
+    """The op of `mpi_allreduce_op.cc` built into `directory` and loaded, or None (no g++ or
+    mpicxx here)."""
+    if shutil.which("g++") is None or shutil.which("mpicxx") is None:
+        return None
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_allreduce_op.cc")
+    library = os.path.join(directory, "mpi_allreduce_op.so")
+    mpi = [subprocess.run(["mpicxx", f"--showme:{part}"], capture_output=True, text=True,
+                          check=True).stdout.split() for part in ("compile", "link")]
+    subprocess.run(["g++", "-std=c++17", "-shared", "-fPIC", "-O2", source, "-o", library,
+                    *tf.sysconfig.get_compile_flags(), *mpi[0], *tf.sysconfig.get_link_flags(),
+                    *mpi[1]], check=True, capture_output=True)
+    return tf.load_op_library(library)
+
+
 def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     x = np.ones(ELEMENTS, np.float32)
@@ -111,6 +134,27 @@ def main():
             previous = [result]
         return results
 
+    directory = tempfile.mkdtemp()
+    op = compiled_op(directory)
+
+    @tf.function
+    def tf_copy_alone(t):
+        return t * 1.0
+
+    @tf.function
+    def through_compiled_op(t):
+        return op.mpi_allreduce_sum(t * 1.0)  # a fresh buffer: summed in place
+
+    @tf.function
+    def compiled_chained(parts):
+        results, previous = [], []
+        for part in parts:
+            with tf.control_dependencies(previous):
+                result = op.mpi_allreduce_sum(part * 1.0)
+            results.append(result)
+            previous = [result]
+        return results
+
     ms = {
         "memcpy": timed(lambda: np.copyto(scratch, x)),
         "mpi4py": timed(lambda: COMM.Allreduce(x, out, op=MPI.SUM)),
@@ -123,6 +167,16 @@ def main():
         f"numpy_function_{BUCKETS}_buckets": timed(
             lambda: [r.numpy() for r in chained(buckets)]),
     }
+    if op is not None:
+        ms.update({
+            "tf_copy_alone": timed(lambda: tf_copy_alone(tensor).numpy()),
+            "compiled_op": timed(lambda: through_compiled_op(tensor).numpy()),
+            f"compiled_op_{BUCKETS}_buckets": timed(
+                lambda: [r.numpy() for r in compiled_chained(buckets)]),
+        })
+        check = through_compiled_op(tf.fill([8], float(COMM.rank + 1))).numpy()
+        assert np.all(check == COMM.size * (COMM.size + 1) / 2), check
+    shutil.rmtree(directory, ignore_errors=True)
     if COMM.rank == 0:
         nbytes = x.nbytes
         world = COMM.size
@@ -132,9 +186,12 @@ def main():
             "bytes": nbytes,
             "median_ms": {k: round(v, 2) for k, v in ms.items()},
             "bus_bandwidth_gb_s": {k: round(2 * (world - 1) / world * nbytes / (v / 1e3) / 1e9, 2)
-                                   for k, v in ms.items() if k not in ("memcpy", "numpy_function_copy_alone")},
+                                   for k, v in ms.items()
+                                   if k not in ("memcpy", "numpy_function_copy_alone",
+                                                "tf_copy_alone")},
             "note": "mpirun --oversubscribe -np 2 on this 2-core machine; bus bandwidth "
-                    "2 (P - 1) / P n / t (memcpy and the copy alone excluded).",
+                    "2 (P - 1) / P n / t (the copies alone excluded; compiled_op's time "
+                    "includes the t * 1.0 copy that tf_copy_alone times).",
         }
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                             "mpi4py_in_graph.json")
