@@ -1,4 +1,5 @@
-"""Batch dependence is decided the same way traced and eager (`tfdist.strategies.step.batch_dependence`).
+"""Batch dependence is decided the same way traced and eager
+(`tfdist.strategies.step.batch_dependence`).
 
 Each case computes the same thing from a step's inputs twice - inside a
 `tf.function` (the graph walk) and eagerly under `BatchLineage.recording`

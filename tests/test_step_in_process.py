@@ -275,7 +275,8 @@ def test_global_gradients_are_what_one_process_computes(split, compression):
     ((False, False, False, False, True), StepPlan(LOCAL)),  # async evaluate: whole batches
 ])
 def test_every_step_is_planned_once_as_one_of_four_kinds(call, want):
-    from tfdist.strategies.modes import AsynchronousUpdates, SynchronousUpdates  # pylint: disable=C0415
+    from tfdist.strategies.modes import (  # pylint: disable=C0415
+        AsynchronousUpdates, SynchronousUpdates)
 
     *flags, asynchronous = call
     names = ("one_process", "is_keras_train_step", "is_train_step", "is_user_function")

@@ -333,7 +333,7 @@ def test_keras_and_tensorflow_are_patched_only_at_the_declared_points():
     allowed = {PACKAGE / "strategies" / "keras_patches" / "patch_points.py", PACKAGE / "_tf.py"}
     stray = [where for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
              for where in _class_or_module_assignments(path)]
-    assert not stray, f"Keras or TensorFlow attributes assigned outside the declared points: {stray}"
+    assert not stray, f"Keras or TensorFlow attributes set outside the declared points: {stray}"
     keras_patches.install()
     assert patch_points.applied() - patch_points.on_demand() == patch_points.class_level()
     assert all(point.why for point in patch_points.POINTS + patch_points.OVERRIDES)

@@ -31,17 +31,17 @@ Keras 3's `model.fit`, `evaluate` and `predict` run on it unchanged:
 Subclasses choose the aggregation hook (`make_aggregator`) and the modes
 (`optimizer_state`, `updates`).
 """
+
 from tfdist import _tf
 from tfdist import chief_log
 from tfdist.fault_tolerance.checkpoint_files import install_private_checkpoint_writes
 from tfdist.process_setup import joined_strategy
-from tfdist.strategies.step import average_loss
+from tfdist.strategies import keras_patches, modes
 from tfdist.strategies.core import job_summary
-from tfdist.strategies import modes
-from tfdist.strategies.state import save_records
-from tfdist.strategies import keras_patches
 from tfdist.strategies.core.extended import DataParallelExtended
 from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.state import save_records
+from tfdist.strategies.step import average_loss
 
 
 class DataParallelStrategy(_tf.OneDeviceStrategy):
