@@ -23,8 +23,9 @@ step's graph. This script times, in one job of `mpirun -np 2`, the same sum of
   same order on every rank), as a ring strategy's buckets would be;
 * `compiled_op`: a compiled TensorFlow op (`mpi_allreduce_op.cc`, built here
   with g++, `tf.sysconfig`'s flags and `mpicxx`'s) calling `MPI_Allreduce` on
-  the tensor's own buffer, in place on a fresh tensor (`t * 1.0`, whose copy
-  `tf_copy_alone` times by itself); `compiled_op_6_buckets`: the six buckets
+  the tensor's own buffer, meant to be in place on a fresh tensor (`t * 1.0`, whose
+  copy `tf_copy_alone` times by itself; TensorFlow did not forward it in this run's
+  graphs, so the op summed out of place); `compiled_op_6_buckets`: the six buckets
   through it, chained as above.
 
 Each: the median of 25 calls after 5 warm-up calls, every call started by a
