@@ -14,13 +14,16 @@ not a flag here but three objects (`input_mode`, `optimizer_state`,
 import contextlib
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
 
+from tfdist.strategies.modes.interfaces import members
+
 if TYPE_CHECKING:
     from tfdist.aggregation.base import Aggregator
     from tfdist.comm.base import Communicator
     from tfdist.profiling.counters import CommunicationCounters
     from tfdist.fault_tolerance.agreed_flags import AgreedFlags
     from tfdist.fault_tolerance.preemption import PreemptionNotice
-    from tfdist.strategies.modes.interfaces import InputMode, OptimizerStateMode, UpdateMode
+    from tfdist.strategies.modes.interfaces import (  # noqa: F401
+        InputMode, OptimizerStateMode, UpdateMode)
 
 
 @runtime_checkable
@@ -111,7 +114,4 @@ class StrategyExtended(Protocol):
         """Context in which Keras builds an epoch iterator (`training`: fit's own)."""
 
 
-MEMBERS = tuple(name for name in list(StrategyExtended.__annotations__)
-                + [name for name, value in vars(StrategyExtended).items()
-                   if not name.startswith("_") and (callable(value)
-                                                    or isinstance(value, property))])
+MEMBERS = members(StrategyExtended)

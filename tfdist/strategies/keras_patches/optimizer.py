@@ -12,6 +12,7 @@ from tfdist.strategies.step.step_plan import DEFERRED, REMOTE
 from tfdist.strategies.keras_patches import keras_internals
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, TFOptimizer
 from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_patches.model_strategy import is_tfdist_strategy
 
 
 def _build_as_apply_does(optimizer, variables):
@@ -44,8 +45,9 @@ _built_under: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _tfdist_strategy():
+    """The current strategy if it is a tfdist strategy, else None."""
     strategy = tf.distribute.get_strategy()
-    return strategy if getattr(strategy, "is_tfdist_data_parallel", False) else None
+    return strategy if is_tfdist_strategy(strategy) else None
 
 
 def install():

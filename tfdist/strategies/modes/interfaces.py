@@ -186,7 +186,9 @@ INTERFACES = (InputMode, OptimizerStateMode, UpdateMode)
 
 
 def members(interface) -> tuple:
-    """The declared members of one of `INTERFACES`."""
+    """The declared members of a `Protocol` (one of `INTERFACES`, or `StrategyExtended`): its
+    annotated attributes, methods and properties."""
     return tuple(list(getattr(interface, "__annotations__", {}))
                  + [name for name, value in vars(interface).items()
-                    if not name.startswith("_") and callable(value)])
+                    if not name.startswith("_") and (callable(value)
+                                                     or isinstance(value, property))])
