@@ -36,6 +36,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,7 @@ from benchmarks.plotting import pyplot, save
 
 WORKER = os.path.join(HERE, "peer_worker.py")
 CONFIGS = ("floor", "ring", "ring_big", "ring_sharded", "horovod_gloo", "horovod_gloo_sharded",
-           "horovod_mpi", "auto", "auto_sharded", "mwms")
+           "horovod_mpi", "mpi", "mpi_sharded", "auto", "auto_sharded", "mwms")
 BIG_BUCKET_MB = 32
 ROUNDS = 3
 PROCESSES = (2,)
@@ -94,9 +95,9 @@ def _distributed(tmp, config, processes, tag, peer_python):
             options.append("--shard-optimizer-state")
             config = config[:-len("_sharded")]
         strategy = ("ring" if config.startswith("ring") else
-                    "auto" if config == "auto" else "horovod")
+                    config if config in ("auto", "mpi") else "horovod")
         worker = _worker(sys.executable, out, strategy, *options)
-        if config == "horovod_mpi":
+        if config in ("horovod_mpi", "mpi"):
             command = mpirun_command(processes) + worker
             env = dict(_env(), **open_mpi_root_env())
         else:
@@ -121,12 +122,21 @@ def available_configs(peer_python):
             "Horovod is not installed")
     if why["horovod_mpi"] is None and not mpirun_available():
         why["horovod_mpi"] = "no mpirun or no Horovod built with MPI"
+    if shutil.which("mpirun") is None:
+        why["mpi"] = why["mpi_sharded"] = "no mpirun"
+    else:
+        from tfdist.comm import mpi  # pylint: disable=import-outside-toplevel
+
+        reason = mpi.unavailable_reason()
+        if reason:
+            why["mpi"] = why["mpi_sharded"] = reason
     if peer_python is None:
         why["mwms"] = "no tf-keras peer environment"
     return why
 
 
-def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engine_step"):
+def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engine_step",
+        only=None):
     start = time.perf_counter()
     if peer_python == "auto":
         try:
@@ -135,7 +145,8 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engin
             print(f"engine_step: mwms skipped: {error}", flush=True)
             peer_python = None
     skipped = {k: v for k, v in available_configs(peer_python).items() if v}
-    configs = [c for c in CONFIGS if c not in skipped]
+    configs = [c for c in CONFIGS if c not in skipped and (only is None or c in only
+                                                            or c == "floor")]
     for config, why in skipped.items():
         print(f"engine_step: {config} skipped - {why}", flush=True)
     runs = {(c, p): [] for c in configs for p in processes}
@@ -223,13 +234,15 @@ def main():
                         help="a Python with tf-keras on this TensorFlow for the mwms runs "
                              "(default: the peer benchmark's environment); 'none' skips them")
     parser.add_argument("--out", default="engine_step", help="result file name, no suffix")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=None,
+                        help="only these configurations (and the floor); default: all")
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args()
     peer = None if args.peer_python == "none" else args.peer_python
     import tempfile  # pylint: disable=import-outside-toplevel
 
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        run(tmp, args.rounds, tuple(args.processes), peer, args.out)
+        run(tmp, args.rounds, tuple(args.processes), peer, args.out, args.configs)
 
 
 if __name__ == "__main__":

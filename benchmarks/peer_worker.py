@@ -8,6 +8,8 @@ STRATEGY picks the framework:
                      ReductionTreeStrategy() or ParameterServerStrategy() (under tfdist-run)
   horovod            Keras 3 with RingAllReduceStrategy(backend="horovod") (under
                      `tfdist-run` with Horovod installed: Gloo, or mpirun: MPI)
+  mpi                Keras 3 with RingAllReduceStrategy(backend="mpi") (Open MPI's own
+                     collectives; under mpirun or tfdist-run --mpi)
   auto               Keras 3 with RingAllReduceStrategy() (backend "auto": the engine
                      tfdist picks under the launcher)
   mwms               tf-keras (Keras 2, TF_USE_LEGACY_KERAS=1) with
@@ -36,7 +38,7 @@ import time
 import numpy as np
 
 STARTED = time.perf_counter()
-OUR_STRATEGIES = ("ring", "tree", "ps", "horovod", "auto")
+OUR_STRATEGIES = ("ring", "tree", "ps", "horovod", "mpi", "auto")
 TF_KERAS = ("mwms", "tf_keras")
 MODELS = ("cnn", "mlp")
 CNN_SAMPLES, CNN_GLOBAL_BATCH = 22 * 64, 64
@@ -101,6 +103,8 @@ def load_framework(name, bucket_mb=None, shard_optimizer_state=False):
                     backend="collective", **buckets),
                 "horovod": lambda: tfdist.strategies.RingAllReduceStrategy(
                     backend="horovod", **buckets),
+                "mpi": lambda: tfdist.strategies.RingAllReduceStrategy(
+                    backend="mpi", **buckets),
                 "auto": lambda: tfdist.strategies.RingAllReduceStrategy(**buckets),
                 "tree": tfdist.strategies.ReductionTreeStrategy,
                 "ps": tfdist.strategies.ParameterServerStrategy}[name]()

@@ -232,6 +232,11 @@ WITHOUT_MPI = _declare(
 WHEEL_CACHE = _declare(
     "WHEEL_CACHE", "path", "~/.cache/tfdist/wheels", MAKE,
     "Where scripts/install_horovod.sh keeps the Horovod wheel it built.", _INSTALL)
+OP_CACHE = _declare(
+    "OP_CACHE", "path", "~/.cache/tfdist/ops", YOU,
+    "Where tfdist keeps the compiled TensorFlow ops of its MPI engine "
+    "(`tfdist.comm.mpi_kernels`), one file per TensorFlow and Open MPI version; built by "
+    "`make install`, or on first use.", _INSTALL)
 HOROVOD_XLA_OPS = _declare(
     "HOROVOD_XLA_OPS", "C preprocessor macro", "undefined", "nobody (a build guard)",
     "Not an environment variable: the macro scripts/install_horovod.sh guards Horovod's XLA "
@@ -302,6 +307,9 @@ class Foreign:  # pylint: disable=too-few-public-methods
     HOROVOD_CPU_OPERATIONS = _foreign("HOROVOD_CPU_OPERATIONS", "you, horovodrun",
                                       "`gloo`: Horovod's CPU operations run on Gloo.",
                                       _FROM_LAUNCHERS)
+    PMIX_RANK = _foreign("PMIX_RANK", "srun --mpi=pmix, mpirun",
+                         "The process's rank in a PMIx job: an MPI job under srun.",
+                         _FROM_LAUNCHERS)
     OMPI_COMM_WORLD_RANK = _foreign("OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)",
                                     "The process's rank.", _FROM_LAUNCHERS)
     OMPI_COMM_WORLD_SIZE = _foreign("OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)",

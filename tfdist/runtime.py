@@ -25,6 +25,9 @@ Engines:
   "horovod"     Horovod's ops (`tfdist.comm.horovod`); needs a process started
                 by horovodrun, tfdist-run (Horovod installed), or mpirun (with a
                 Horovod built with MPI).
+  "mpi"         Open MPI's collectives from compiled TensorFlow ops (`tfdist.comm.mpi`);
+                needs the processes started as one MPI job (`launched_as_mpi_job`):
+                mpirun, `horovodrun --mpi`, `tfdist-run --mpi`, srun with PMIx.
 """
 
 import atexit
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 
 Closable = TypeVar("Closable")
 
-ENGINES = ("collective", "horovod")
+ENGINES = ("collective", "horovod", "mpi")
 
 _lock = threading.RLock()
 _cluster: Optional[cluster_lib.Cluster] = None
@@ -112,6 +115,16 @@ def launched_with_horovod() -> bool:
     return horovod_mpi_built()
 
 
+def launched_as_mpi_job() -> bool:
+    """True when this process is one of an MPI job's processes (its MPI_COMM_WORLD is the
+    job): started by Open MPI's mpirun (also under `horovodrun --mpi` and `tfdist-run --mpi`),
+    or by srun with PMIx (`srun --mpi=pmix`)."""
+    spec = cluster()
+    if spec.launcher == "mpirun":
+        return True
+    return spec.launcher == "srun" and Foreign.PMIX_RANK.is_set()
+
+
 def horovod_controller() -> Optional[str]:
     """The controller the launcher set up for Horovod (Horovod's own word, HOROVOD_CONTROLLER):
     "gloo" (horovodrun, `tfdist-run
@@ -150,10 +163,12 @@ def communicator(engine: str = "collective",
                 _single_process = SingleProcessCommunicator()
             return _single_process
         if engine not in _communicators:
-            _communicators[engine] = (
-                _start_horovod(spec, fusion_threshold_bytes) if engine == "horovod"
-                else _start_collective(spec)
-            )
+            if engine == "horovod":
+                _communicators[engine] = _start_horovod(spec, fusion_threshold_bytes)
+            elif engine == "mpi":
+                _communicators[engine] = _start_mpi(spec)
+            else:
+                _communicators[engine] = _start_collective(spec)
             _register_shutdown()
         if implementation is not None and engine == "collective":
             from tfdist.comm.tf_collective import CollectiveCommunicator
@@ -212,6 +227,17 @@ def _start_horovod(spec: cluster_lib.Cluster,
     from tfdist.comm.horovod import HorovodCommunicator
 
     return HorovodCommunicator(spec, fusion_threshold_bytes)
+
+
+def _start_mpi(spec: cluster_lib.Cluster) -> "Communicator":
+    if not launched_as_mpi_job():
+        raise RuntimeError(
+            f"tfdist rank {spec.rank}: the MPI engine needs the processes started as one MPI "
+            "job: by mpirun, horovodrun --mpi, tfdist-run --mpi or srun --mpi=pmix (launched "
+            f"here by {spec.launcher}); use backend='collective' or change the launcher.")
+    from tfdist.comm.mpi import MpiCommunicator
+
+    return MpiCommunicator(spec)
 
 
 def _start_collective(spec: cluster_lib.Cluster) -> "Communicator":

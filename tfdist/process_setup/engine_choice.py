@@ -33,6 +33,7 @@ from typing import Dict, Iterable, Tuple
 COLLECTIVE = "collective"
 HOROVOD_MPI = "horovod-mpi"
 HOROVOD_GLOO = "horovod-gloo"
+MPI = "mpi"
 
 # All-reduce time over TensorFlow's ring in the same processes (median over rounds), per
 # payload in bytes; benchmarks/results/engine_curves.json "summary" (mpi_over_tf, gloo_over_tf).
@@ -61,12 +62,15 @@ def relative_time(engine: str, nbytes: int) -> float:
     return curve[sizes[index]]
 
 
-def available_engines(launched_with_horovod: bool, horovod_controller: str) -> Tuple[str, ...]:
+def available_engines(launched_with_horovod: bool, horovod_controller: str,
+                      mpi_job: bool = False) -> Tuple[str, ...]:
     """The engines this job can run: the collectives always; Horovod's, on the controller
-    ("mpi" or "gloo") its launcher set up, when the launcher gave Horovod its peers."""
-    if not launched_with_horovod:
-        return (COLLECTIVE,)
-    return (HOROVOD_MPI if horovod_controller == "mpi" else HOROVOD_GLOO, COLLECTIVE)
+    ("mpi" or "gloo") its launcher set up, when the launcher gave Horovod its peers; Open
+    MPI's own (`MPI`), when the processes are one MPI job and its ops load."""
+    engines = (MPI,) if mpi_job else ()
+    if launched_with_horovod:
+        engines += (HOROVOD_MPI if horovod_controller == "mpi" else HOROVOD_GLOO,)
+    return engines + (COLLECTIVE,)
 
 
 def choose(available: Iterable[str], nbytes: int) -> Tuple[str, str]:
@@ -91,5 +95,5 @@ def faster_engines(available: Iterable[str], nbytes: int) -> str:
 
 
 def backend_of(engine: str) -> str:
-    """The strategy's backend name for `engine`: "horovod" or "collective"."""
-    return COLLECTIVE if engine == COLLECTIVE else "horovod"
+    """The strategy's backend name for `engine`: "mpi", "horovod" or "collective"."""
+    return engine if engine in (COLLECTIVE, MPI) else "horovod"

@@ -12,7 +12,7 @@ from tfdist.comm.tf_collective import check_implementation
 from tfdist.strategies.data_parallel import DataParallelStrategy
 from tfdist.strategies import modes
 
-BACKENDS = ("auto", "horovod", "collective")
+BACKENDS = ("auto", "mpi", "horovod", "collective")
 
 
 def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
@@ -29,7 +29,8 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     if backend != "auto":
         return backend, None
     controller = runtime.horovod_controller() if horovod_available() else None
-    available = engine_choice.available_engines(controller is not None, controller or "")
+    available = engine_choice.available_engines(controller is not None, controller or "",
+                                                mpi_engine_runs())
     engine, why = engine_choice.choose(available, bucket_bytes)
     reasons = [why] if len(available) > 1 else []  # one engine: nothing was chosen
     faster = engine_choice.faster_engines(available, bucket_bytes)
@@ -37,6 +38,16 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
         reasons.append(f"faster: {faster}")
     return (engine_choice.backend_of(engine),
             "backend 'auto': " + "; ".join(reasons) if reasons else None)
+
+
+def mpi_engine_runs():
+    """True when this job can run the MPI engine: its processes are one MPI job and the
+    engine's ops build and load here (`tfdist.comm.mpi.unavailable_reason`)."""
+    if runtime.cluster().world_size == 1 or not runtime.launched_as_mpi_job():
+        return False
+    from tfdist.comm.mpi import unavailable_reason  # pylint: disable=import-outside-toplevel
+
+    return unavailable_reason() is None
 
 
 class RingAllReduceStrategy(DataParallelStrategy):

@@ -1,0 +1,162 @@
+"""Cross-process collectives on Open MPI itself: its all-reduce on the tensors' own buffers.
+
+The job's processes are one MPI job (`MPI_COMM_WORLD`): started by mpirun,
+`horovodrun --mpi`, srun with PMIx, or `tfdist-run --mpi`, which starts its ranks
+through mpirun. Every collective is one compiled TensorFlow op
+(`tfdist.comm.mpi_kernels`) that calls Open MPI's collective on the tensor's
+buffer - in place when TensorFlow can forward the input (a fused gradient bucket
+can), so the only copies are Open MPI's own, through its shared-memory transport
+between the processes of a host and its TCP or InfiniBand transports between hosts
+(`--mca btl` chooses; tfdist moves no bytes itself). MPI is initialized through
+mpi4py with MPI_THREAD_MULTIPLE and finalized by it at exit.
+
+Cost (measured, `benchmarks/results/engine_curves.json`): the all-reduce of n bytes
+over P processes is Open MPI's: on one host, its shared-memory algorithms
+(recursive doubling for small messages, a ring for large ones; 2 (P - 1) / P n
+bytes read and written per process), with no negotiation thread and no fusion
+buffer - tfdist's aggregators already fuse gradients into buckets
+(`fuses_tensors` False).
+
+Order: MPI pairs collectives by their order on the communicator, not by name or key.
+The ops are stateful without resources, so a `tf.function`'s automatic control
+dependencies run them in program order - the same on every rank running the same
+code, as for every engine (`tfdist.comm.base`); eager ones run in program order too,
+and a process-wide lock keeps two threads from entering MPI at once.
+
+Failure handling, bounded by the job timeout: a process that dies makes mpirun end
+the whole job (Open MPI's default); a peer alive but out of step (not calling the
+matching collective) is what MPI cannot notice - `expect_progress` bounds every
+compiled call, and a wait past the timeout ends this process with a message naming
+the rank and the wait (MPI cannot cancel a pending collective), after which the
+launcher stops the others. An error MPI returns fails the op with MPI's text and
+the rank.
+"""
+
+import os
+import sys
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist.comm import mpi_kernels
+from tfdist.comm.base import Communicator, checked_static_shape
+from tfdist.comm.liveness import PeerMonitor
+from tfdist.errors import ClusterError
+
+
+def _end_process(kind, message):
+    """MPI cannot cancel a pending collective: a wait past its deadline ends the process
+    (exit code 1), and the launcher (mpirun) stops the other ranks."""
+    del kind
+    print(f"{message}; MPI cannot cancel its collectives: this process ends (exit code 1)",
+          file=sys.stderr, flush=True)
+    os._exit(1)  # pylint: disable=protected-access
+
+
+def import_mpi():
+    """mpi4py's `MPI` (initializing MPI, thread level "multiple"), or an ImportError saying
+    how to get it."""
+    try:
+        from mpi4py import MPI  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(f"tfdist: the MPI engine needs mpi4py and an MPI library ({e}): "
+                          "pip install \"tfdist[mpi]\" with Open MPI installed, or `make "
+                          "install` in a clone of tfdist") from e
+    return MPI
+
+
+def unavailable_reason():
+    """None when this process can run the MPI engine (mpi4py imports, the ops build and load),
+    else why not."""
+    try:
+        import_mpi()
+    except ImportError as error:
+        return str(error)
+    return mpi_kernels.unavailable_reason()
+
+
+# Element types Open MPI sums through the ops (float16 and bfloat16 by the ops' own
+# reduction); others are summed as float64 (bool, small ints: exact below 2^53).
+SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+class MpiCommunicator(Communicator):
+    """The `Communicator` on Open MPI's collectives (no point-to-point transfers).
+
+    Create at most one per process (see `tfdist.runtime`). The process must be part of
+    an MPI job of `cluster.world_size` processes (mpirun, srun with PMIx, `tfdist-run
+    --mpi`), in the same rank order.
+
+    Args:
+        cluster: this process's `tfdist.process_setup.cluster.Cluster`.
+    """
+
+    engine = "mpi"
+    fuses_tensors = False  # tfdist's aggregators fuse buckets; Open MPI sums each as given
+    reduces_scatter = True
+
+    def __init__(self, cluster):
+        mpi = import_mpi()
+        self._ops = mpi_kernels.ops()
+        self.timeout = float(cluster.timeout)
+        world = mpi.COMM_WORLD
+        self.rank, self.world_size = world.Get_rank(), world.Get_size()
+        if (self.rank, self.world_size) != (cluster.rank, cluster.world_size):
+            raise ClusterError(
+                f"tfdist: MPI says rank {self.rank} of {self.world_size} but the cluster "
+                f"environment says rank {cluster.rank} of {cluster.world_size}; the MPI "
+                "engine needs the job's processes started as one MPI job (mpirun, srun with "
+                "PMIx, tfdist-run --mpi)")
+        if mpi.Query_thread() < mpi.THREAD_SERIALIZED:
+            raise ClusterError(
+                f"tfdist rank {self.rank}: MPI was initialized with thread level "
+                f"{mpi.Query_thread()}; the MPI engine calls it from TensorFlow's threads and "
+                "needs MPI_THREAD_SERIALIZED or more (do not set mpi4py.rc.thread_level lower)")
+        self.transport = "mpi"
+        # The waits' deadlines only: MPI's peers listen on no port tfdist knows, and mpirun
+        # ends the job when one of its processes dies.
+        self._monitor = PeerMonitor(self.rank, [], self.timeout, _end_process)
+        logging.info("tfdist rank %d: MPI engine on %s", self.rank,
+                     mpi.Get_library_version().splitlines()[0])
+
+    def expect_progress(self, description):
+        """Bound one call of a compiled function (or a save's gathers) by the job timeout:
+        a peer out of step leaves an MPI collective waiting for ever."""
+        return self._monitor.waiting(description)
+
+    def stop_watching(self):
+        self._monitor.stop()
+
+    def all_reduce(self, tensor):
+        """Element-wise sum of `tensor` over all ranks (Open MPI's MPI_Allreduce)."""
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.dtype in SUMMABLE:
+            return self._ops.tfdist_mpi_allreduce(tensor)
+        total = self._ops.tfdist_mpi_allreduce(tf.cast(tensor, tf.float64))
+        return tf.cast(total, tensor.dtype)
+
+    def reduce_scatter(self, tensor):
+        """Rank r's c elements of the sum of 1-D `tensor` of P x c elements
+        (MPI_Reduce_scatter_block)."""
+        tensor = checked_static_shape(tensor, "reduce_scatter")
+        width = tensor.shape[0] // self.world_size
+        if tensor.shape.rank != 1 or width * self.world_size != tensor.shape[0]:
+            raise ValueError(f"reduce_scatter takes a 1-D tensor of a multiple of "
+                             f"{self.world_size} elements. Got shape {tensor.shape}")
+        if tensor.dtype not in SUMMABLE:
+            raise TypeError(f"reduce_scatter sums {[d.name for d in SUMMABLE]}; got "
+                            f"{tensor.dtype.name}")
+        part = self._ops.tfdist_mpi_reduce_scatter(tensor, world_size=self.world_size)
+        return tf.ensure_shape(part, [width])
+
+    def all_gather(self, tensor):
+        """Concatenate every rank's `tensor` along axis 0 in rank order (rows may differ):
+        the row counts first (MPI_Allgather), then the rows (MPI_Allgatherv)."""
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.shape.rank == 0:
+            raise ValueError("all_gather takes a tensor of rank >= 1; got a scalar")
+        return self._ops.tfdist_mpi_allgather(tensor)
+
+    def broadcast(self, tensor, root=0):
+        """Every rank gets `root`'s `tensor` (MPI_Bcast)."""
+        return self._ops.tfdist_mpi_broadcast(tf.convert_to_tensor(tensor), root=int(root))

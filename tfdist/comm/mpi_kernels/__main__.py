@@ -1,0 +1,5 @@
+import sys
+
+from tfdist.comm.mpi_kernels import main
+
+sys.exit(main())
