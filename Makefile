@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh scripts/inst
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	scripts/install_horovod.sh $(BIN)/python   # built once per machine (cmake, g++), then cached
+	$(if $(WITHOUT_MPI),,$(BIN)/python -m tfdist.comm.mpi_kernels   # the MPI engine's TensorFlow ops (g++, seconds), cached)
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install tfdist with its dependencies

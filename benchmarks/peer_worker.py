@@ -66,6 +66,10 @@ def parse_args():
                              "RingAllReduceStrategy(shard_optimizer_state=True)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="the timed models' optimizer (default SGD with momentum)")
+    parser.add_argument("--cnn-batch", type=int, default=CNN_GLOBAL_BATCH,
+                        help=f"the CNN's global batch (default {CNN_GLOBAL_BATCH}); a "
+                             "no-communication floor process takes a P-process job's "
+                             "per-process batch, 64 / P")
     parser.add_argument("--mlp-hidden", type=int, default=MLP_HIDDEN,
                         help=f"the MLP's hidden width (default {MLP_HIDDEN}: 5.8 M parameters)")
     args = parser.parse_args()
@@ -190,9 +194,9 @@ def rss_mb():
 
 
 def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer="sgd",
-               mlp_hidden=MLP_HIDDEN):
+               mlp_hidden=MLP_HIDDEN, cnn_batch=CNN_GLOBAL_BATCH):
     if model_name == "cnn":
-        global_batch, samples = CNN_GLOBAL_BATCH, CNN_SAMPLES
+        global_batch, samples = cnn_batch, CNN_SAMPLES
     else:
         global_batch = MLP_ROWS_PER_PROCESS * processes
         samples = global_batch * MLP_STEPS_PER_EPOCH
@@ -259,7 +263,8 @@ def main():
             result["models"][model_name] = time_model(keras, tfdist, strategy, processes,
                                                       model_name,
                                                       args.epochs or EPOCHS[model_name],
-                                                      args.optimizer, args.mlp_hidden)
+                                                      args.optimizer, args.mlp_hidden,
+                                                      args.cnn_batch)
     if args.exact:
         for model_name in args.models:
             result["exact"][model_name] = exact_model(keras, strategy, processes, rank,

@@ -102,6 +102,11 @@ HOROVOD = _declare(
     "tfdist-run `--horovod` (1) / `--no-horovod` (0): make the ranks a Horovod (Gloo) job, as "
     "horovodrun would, so that RingAllReduceStrategy(backend=\"auto\") can take Horovod's "
     "engine. Unset: when Horovod is installed.", _LAUNCH)
+MPI = _declare(
+    "MPI", "flag or empty", "empty: when Open MPI's mpirun is installed", YOU,
+    "tfdist-run `--mpi` (1) / `--no-mpi` (0): start the ranks as one MPI job through Open "
+    "MPI's mpirun, so that RingAllReduceStrategy(backend=\"auto\") can take the MPI engine. "
+    "Unset: when mpirun is Open MPI's, except for elastic and --keep-going jobs.", _LAUNCH)
 VERBOSE = _declare(
     "VERBOSE", "flag", "0", YOU,
     "tfdist-run `--verbose`: relay TensorFlow's start-up notices and every rank's identical "
@@ -171,6 +176,10 @@ ELASTIC_DIR = _declare(
     "step, the chief's last backup position (`tfdist.fault_tolerance.elastic_channel`).",
     _PROCESS)
 
+RANK_VARIABLES = _declare(
+    "RANK_VARIABLES", "comma-separated names", "", BY_LAUNCHER,
+    "tfdist-run's MPI job (`tfdist.launch.mpi_job`): the variables whose value is the rank "
+    "(TFDIST_RANK, Horovod's rank on Gloo, ...), set by each rank from mpirun's.", _LAUNCH)
 JOINED_DIR = _declare(
     "JOINED_DIR", "path", "", BY_LAUNCHER,
     "Where each rank notes that it joined a multi-process tfdist strategy, so that tfdist-run "

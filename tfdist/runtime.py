@@ -122,6 +122,9 @@ def launched_as_mpi_job() -> bool:
     spec = cluster()
     if spec.launcher == "mpirun":
         return True
+    if spec.launcher == "tfdist-run":  # `tfdist-run --mpi`: mpirun's rank is tfdist-run's
+        return (Foreign.OMPI_COMM_WORLD_RANK.get() == str(spec.rank)
+                and Foreign.OMPI_COMM_WORLD_SIZE.get() == str(spec.world_size))
     return spec.launcher == "srun" and Foreign.PMIX_RANK.is_set()
 
 

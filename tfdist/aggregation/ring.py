@@ -63,12 +63,12 @@ class RingAllReduceAggregator(Aggregator):
                         backend="collective"):
         """2 (P - 1) alpha + 2 (P - 1) / P n beta (reduce-scatter + all-gather). With the
         optimizer state sharded (`tfdist.strategies.modes.optimizer_shards`): the same on
-        `backend` "horovod", whose reduce-scatter of the gradients and all-gather of the
+        `backend` "horovod" or "mpi", whose reduce-scatter of the gradients and all-gather of the
         parameters are the two halves of that all-reduce; on TensorFlow's collectives (no
         reduce-scatter on CPUs) the all-gather adds (P - 1) alpha + (P - 1) / P n beta
         (1.5x the bytes)."""
         p = world_size
         seconds = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
-        if shard_optimizer_state and backend != "horovod":
+        if shard_optimizer_state and backend not in ("horovod", "mpi"):
             seconds += (p - 1) * alpha + (p - 1) / p * n_bytes * beta
         return seconds

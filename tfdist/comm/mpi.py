@@ -127,12 +127,22 @@ class MpiCommunicator(Communicator):
     def stop_watching(self):
         self._monitor.stop()
 
+    def _run(self, kind, op, *args, **attrs):
+        """`op(*args, **attrs)`; eagerly, bounded by the job timeout as a compiled call is
+        (`expect_progress`): an eager collective (a barrier, a broadcast at start-up) whose
+        peer never comes would otherwise wait for ever."""
+        if not tf.executing_eagerly():
+            return op(*args, **attrs)
+        with self._monitor.waiting(f"an eager {kind} on the MPI engine"):
+            return op(*args, **attrs)
+
     def all_reduce(self, tensor):
         """Element-wise sum of `tensor` over all ranks (Open MPI's MPI_Allreduce)."""
         tensor = tf.convert_to_tensor(tensor)
         if tensor.dtype in SUMMABLE:
-            return self._ops.tfdist_mpi_allreduce(tensor)
-        total = self._ops.tfdist_mpi_allreduce(tf.cast(tensor, tf.float64))
+            return self._run("all-reduce", self._ops.tfdist_mpi_allreduce, tensor)
+        total = self._run("all-reduce", self._ops.tfdist_mpi_allreduce,
+                          tf.cast(tensor, tf.float64))
         return tf.cast(total, tensor.dtype)
 
     def reduce_scatter(self, tensor):
@@ -146,7 +156,8 @@ class MpiCommunicator(Communicator):
         if tensor.dtype not in SUMMABLE:
             raise TypeError(f"reduce_scatter sums {[d.name for d in SUMMABLE]}; got "
                             f"{tensor.dtype.name}")
-        part = self._ops.tfdist_mpi_reduce_scatter(tensor, world_size=self.world_size)
+        part = self._run("reduce-scatter", self._ops.tfdist_mpi_reduce_scatter, tensor,
+                         world_size=self.world_size)
         return tf.ensure_shape(part, [width])
 
     def all_gather(self, tensor):
@@ -155,8 +166,9 @@ class MpiCommunicator(Communicator):
         tensor = tf.convert_to_tensor(tensor)
         if tensor.shape.rank == 0:
             raise ValueError("all_gather takes a tensor of rank >= 1; got a scalar")
-        return self._ops.tfdist_mpi_allgather(tensor)
+        return self._run("all-gather", self._ops.tfdist_mpi_allgather, tensor)
 
     def broadcast(self, tensor, root=0):
         """Every rank gets `root`'s `tensor` (MPI_Bcast)."""
-        return self._ops.tfdist_mpi_broadcast(tf.convert_to_tensor(tensor), root=int(root))
+        return self._run("broadcast", self._ops.tfdist_mpi_broadcast,
+                         tf.convert_to_tensor(tensor), root=int(root))

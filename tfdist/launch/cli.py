@@ -1,6 +1,6 @@
 """`tfdist-run`: start a multi-process tfdist job on this machine.
 
-    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--[no-]horovod]
+    tfdist-run -np N [--num-servers K] [--timeout S] [--port-base P] [--[no-]horovod] [--[no-]mpi]
                [--verbose] [--keep-going] [--max-restarts R]
                [--min-np A] [--max-np B] [--host-discovery-script S] [--slots-per-host K]
                [--elastic-timeout S] [--reset-limit R]
@@ -27,7 +27,11 @@ when they backed up on the preemption notice the launcher relayed to them
 `--host-discovery-script` (Horovod Elastic's flags and discovery format) the
 job is elastic: it goes on with fewer processes when one is lost and changes
 size at an agreed step when the discovered slots change
-(`tfdist.launch.elastic_job`). TensorFlow's start-up notices
+(`tfdist.launch.elastic_job`). When Open MPI's mpirun is installed (or with `--mpi`;
+not with `--no-mpi`, elastic or `--keep-going` jobs) the training processes are started
+through one mpirun, as one MPI job (`tfdist.launch.mpi_job`): "auto" then takes
+Open MPI's own collectives (`tfdist.comm.mpi`), the fastest engine on one host.
+TensorFlow's start-up notices
 and repeated copies of a warning are left out of the output unless
 `--verbose` (`tfdist.launch.output_filter`). `--profile DIR` profiles
 training batches A..B on every rank into `DIR/rank_<k>` and, when the job
@@ -47,7 +51,7 @@ from tfdist.fault_tolerance import restarts
 from tfdist.process_setup import cluster as cluster_lib
 from tfdist.process_setup import joined_strategy
 from tfdist.comm import ports as ports_lib
-from tfdist.launch import elastic_job, gloo_rendezvous_server, processes
+from tfdist.launch import elastic_job, gloo_rendezvous_server, mpi_job, processes
 from tfdist.launch.output_filter import OutputFilter
 from tfdist.profiling import names as profiling_names
 from tfdist.profiling import timeline
@@ -91,6 +95,16 @@ def build_parser():
         "--no-horovod", dest="horovod", action="store_false",
         help=f"do not start Horovod's rendezvous: \"auto\" takes TensorFlow's collectives "
              f"(env {env_vars.HOROVOD}=0)")
+    mpi = parser.add_mutually_exclusive_group()
+    mpi.add_argument(
+        "--mpi", action="store_true", default=None,
+        help="start the ranks as one MPI job through Open MPI's mpirun (tfdist.launch.mpi_job), "
+             "so that RingAllReduceStrategy(backend=\"auto\") takes the MPI engine, and fail "
+             f"if mpirun is missing (env {env_vars.MPI}=1). Default: when Open MPI's mpirun is "
+             "installed, except for elastic and --keep-going jobs")
+    mpi.add_argument(
+        "--no-mpi", dest="mpi", action="store_false",
+        help=f"start the ranks one by one, without mpirun (env {env_vars.MPI}=0)")
     parser.add_argument(
         "--verbose", action="store_true",
         default=env_vars.VERBOSE.flag(),
@@ -170,6 +184,10 @@ def validate(args, parser):
         args.command = args.command[1:]
     if not args.command:
         parser.error("no command given (e.g. tfdist-run -np 2 python train.py)")
+    if args.mpi and args.keep_going:
+        parser.error("--mpi cannot go with --keep-going: mpirun ends every rank when one fails")
+    if args.mpi and mpi_job.unavailable_reason():
+        parser.error(f"--mpi: {mpi_job.unavailable_reason()}")
     try:
         profiling_names.parse_profile_steps(args.profile_steps)
     except ValueError as error:
@@ -196,6 +214,9 @@ def validate_elastic(args, parser):
         parser.error(f"--elastic-timeout must be positive. Got: {args.elastic_timeout}")
     if args.reset_limit is not None and args.reset_limit < 0:
         parser.error(f"--reset-limit must be >= 0. Got: {args.reset_limit}")
+    if args.mpi:
+        parser.error("--mpi cannot go with an elastic job (--min-np/--max-np/"
+                     "--host-discovery-script): mpirun starts a job of one fixed size")
     if args.keep_going:
         parser.error("--keep-going cannot go with an elastic job (--min-np/--max-np/"
                      "--host-discovery-script): a lost worker there restarts the job smaller")
@@ -209,6 +230,18 @@ def horovod_wanted(args):
     if (env_vars.HOROVOD.get() or "").strip():
         return env_vars.HOROVOD.flag()
     return None if gloo_rendezvous_server.installed() else False
+
+
+def mpi_wanted(args):
+    """True: start the workers through mpirun (`--mpi`, or by default when Open MPI's mpirun
+    is here and the job is neither elastic nor --keep-going); False: one by one."""
+    wanted = args.mpi
+    if wanted is None and (env_vars.MPI.get() or "").strip():
+        wanted = env_vars.MPI.flag()
+    if wanted is not None:
+        return wanted
+    return (mpi_job.unavailable_reason() is None and not args.keep_going
+            and not elastic_job.is_elastic(args))
 
 
 def job_environments(num_proc, num_servers, timeout, port_list, base_env):
@@ -311,13 +344,22 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
         for _, env in envs:
             env[env_vars.JOINED_DIR.name] = joined_dir
         try:
-            for label, env in envs:
+            if mpi_wanted(args):
+                group.start(mpi_job.LABEL, mpi_job.command(num_proc, args.command),
+                            mpi_job.environment([env for _, env in envs[:num_proc]]),
+                            split_label=mpi_job.split_label)
+                workers = [mpi_job.LABEL]
+            else:
+                for label, env in envs[:num_proc]:
+                    group.start(label, args.command, env)
+                workers = [str(r) for r in range(num_proc)]
+            for label, env in envs[num_proc:]:  # parameter servers, one by one
                 group.start(label, args.command, env)
         except OSError as e:
             print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
             group.terminate_all()
             return 127, None
-        code = group.wait(workers=[str(r) for r in range(num_proc)],
+        code = group.wait(workers=workers,
                           keep_going=args.keep_going, on_poll=on_poll)
         if code == 0 and num_proc > 1 and not joined_strategy.any_joined(joined_dir):
             print(joined_strategy.independent_processes_notice(num_proc), file=sys.stderr,

@@ -24,10 +24,16 @@ TERMINATE_GRACE_SECONDS = 10.0
 class ManagedProcess:
     """One child process whose output is relayed line by line with a label."""
 
-    def __init__(self, label, command, env, output=None, output_filter=None):
+    def __init__(self, label, command, env, output=None, output_filter=None, split_label=None):
         self.label = label
         self._output = output or sys.stdout
-        self._keep = (output_filter or OutputFilter(enabled=False)).stream()
+        self._filter = output_filter or OutputFilter(enabled=False)
+        self._keep = {label: self._filter.stream()}  # per label: each rank's lines filtered
+        # line -> (label, text): a process relaying several ranks' lines (mpirun's, tagged
+        # by `tfdist.launch.mpi_rank`: `mpi_job.split_label`); (None, text) keeps this label,
+        # (label, None) reports that rank's failure
+        self._split_label = split_label
+        self.failed_label = None  # the first rank this process reported failing
         self.popen = subprocess.Popen(
             command,
             env=env,
@@ -40,16 +46,30 @@ class ManagedProcess:
         self._relay.start()
 
     def _relay_output(self):
-        prefix = f"[{self.label}] ".encode()
         out = getattr(self._output, "buffer", None)
         for raw in iter(self.popen.stdout.readline, b""):
-            for line in self._keep(raw.decode(errors="replace")):
+            label, text = None, raw.decode(errors="replace")
+            if self._split_label is not None:
+                label, text = self._split_label(text)
+                if text is None:
+                    self.failed_label = self.failed_label or label
+                    continue
+            label = self.label if label is None else label
+            if label not in self._keep:
+                self._keep[label] = self._filter.stream()
+            prefix = f"[{label}] ".encode()
+            for line in self._keep[label](text):
                 if out is not None:
                     out.write(prefix + line.encode(errors="replace"))
                     out.flush()
                 else:
                     self._output.write(prefix.decode() + line)
                     self._output.flush()
+
+    @property
+    def relays_ranks(self):
+        """True for a process whose output carries several ranks' lines (mpirun's)."""
+        return self._split_label is not None
 
     def finish_relay(self, timeout=5.0):
         self._relay.join(timeout)
@@ -65,7 +85,10 @@ class ManagedProcess:
 
 
 def describe(label):
-    """'rank 2' for a worker labelled "2", 'server 0' for "s0"."""
+    """'rank 2' for a worker labelled "2", 'server 0' for "s0", 'mpirun' for the mpirun starting
+    every rank (`tfdist.launch.mpi_job`) when no rank reported its failure."""
+    if label == "mpirun":
+        return "mpirun (no rank reported a failure)"
     return f"server {label[1:]}" if label.startswith("s") else f"rank {label}"
 
 
@@ -89,9 +112,10 @@ class ProcessGroup:
         """The SIGINT/SIGTERM the launcher received and relayed (None if it received none)."""
         return self._stop_signal
 
-    def start(self, label, command, env):
+    def start(self, label, command, env, split_label=None):
         self.processes.append(ManagedProcess(label, command, env,
-                                             output_filter=self._output_filter))
+                                             output_filter=self._output_filter,
+                                             split_label=split_label))
 
     def forward_signals(self):
         """Relay SIGINT/SIGTERM to every worker instead of dying silently.
@@ -136,12 +160,15 @@ class ProcessGroup:
                     failed = proc
             if failed is not None:
                 code = exit_code_of(failed.poll())
+                if failed.failed_label is None and failed.relays_ranks:
+                    failed.finish_relay()  # its ranks' exit reports are in the last lines
+                label = failed.failed_label or failed.label
                 lost_worker_reported = failed.label not in workers and tolerated
                 if keep_going and self._stop_signal is None and (
                         failed.label in workers or lost_worker_reported):
                     # A server reports the lost worker when the others are done: no reason
                     # to stop the workers still exiting.
-                    self._log(f"{describe(failed.label)} exited with code {code}; "
+                    self._log(f"{describe(label)} exited with code {code}; "
                               "the other workers go on (--keep-going)")
                     tolerated.add(failed.label)
                     first_failure = first_failure if first_failure is not None else code
@@ -151,10 +178,10 @@ class ProcessGroup:
                                        [p for p in self.processes if p.label in workers])
                 elif self._stop_signal is None:
                     self._log(
-                        f"{describe(failed.label)} exited with code {code}; "
+                        f"{describe(label)} exited with code {code}; "
                         "terminating the other processes"
                     )
-                self.failure = (failed.label, code)
+                self.failure = (label, code)
                 self.terminate_all()
                 return code
             if all(p.poll() is not None for p in self.processes if p.label in workers) and \

@@ -2,6 +2,10 @@
 
 Engines, and what a job needs to run each (`available_engines`):
 
+* "mpi"           Open MPI's own collectives from compiled TensorFlow ops
+                  (`tfdist.comm.mpi`), the processes started as one MPI job: mpirun,
+                  `horovodrun --mpi`, plain tfdist-run where Open MPI is installed
+                  (`tfdist.launch.mpi_job`), srun with PMIx;
 * "horovod-mpi"   Horovod built with MPI, the process started by mpirun
                   (`horovodrun --mpi` runs mpirun): Open MPI's shared memory
                   between the processes of a host;
@@ -17,10 +21,11 @@ engine's time over TensorFlow's ring measured in the same processes
 (`tfdist-bench --only engines`, 2 processes on one host, results in
 benchmarks/results/engine_curves.json; a test keeps this table equal to that
 file's summary, so a re-run that changes the order changes the choice).
-Both Horovod engines are faster than the gRPC ring at every size measured
-(MPI 0.22-0.49x, Gloo 0.47-0.67x on 2026-11-27), so "auto" takes Horovod whenever the
-launcher gave Horovod its peers; it cannot start Horovod for a launcher that
-did not (srun, TF_CONFIG, Ray, Kubernetes: no rendezvous for Gloo). The
+The MPI engine is the fastest at every size measured, then Horovod's engines, then the
+gRPC ring (the curves' summary in engine_curves.json), so "auto" takes the MPI engine
+in an MPI job, else Horovod whenever the launcher gave Horovod its peers; it cannot
+start either for a launcher that did not (srun without PMIx, TF_CONFIG, Ray,
+Kubernetes: no MPI job, no rendezvous for Gloo). The
 strategy's start-up line says which engine it took and why; with
 TFDIST_VERBOSE=1 also what the faster ones would need (`faster_engines`).
 
@@ -35,17 +40,14 @@ HOROVOD_MPI = "horovod-mpi"
 HOROVOD_GLOO = "horovod-gloo"
 MPI = "mpi"
 
-# All-reduce time over TensorFlow's ring in the same processes (median over rounds), per
-# payload in bytes; benchmarks/results/engine_curves.json "summary" (mpi_over_tf, gloo_over_tf).
-MEASURED_OVER_TF_RING: Dict[str, Dict[int, float]] = {
-    HOROVOD_MPI: {4096: 0.49, 16384: 0.492, 65536: 0.489, 262144: 0.401, 1048576: 0.329,
-                  4194304: 0.235, 16777216: 0.217, 67108864: 0.426},
-    HOROVOD_GLOO: {4096: 0.556, 16384: 0.63, 65536: 0.623, 262144: 0.523, 1048576: 0.67,
-                   4194304: 0.58, 16777216: 0.467, 67108864: 0.499},
-}
+# All-reduce time over TensorFlow's ring's (medians over rounds; the ring's over every run),
+# per payload in bytes: benchmarks/results/engine_curves.json "summary" "over_tf_ring"
+# (engines "mpi_engine", "mpi" and "gloo" there).
+MEASURED_OVER_TF_RING: Dict[str, Dict[int, float]] = {}  # filled below
 
 # What each engine needs, for the start-up line when a faster one is not available.
 NEEDS = {
+    MPI: "Open MPI and a start as one MPI job: tfdist-run, mpirun or srun --mpi=pmix",
     HOROVOD_MPI: "Horovod built with MPI and a start by mpirun or horovodrun --mpi",
     HOROVOD_GLOO: "Horovod and a start by horovodrun or tfdist-run",
 }

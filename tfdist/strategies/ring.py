@@ -20,9 +20,10 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     TFDIST_VERBOSE=1, there are faster ones this job cannot run).
 
     "auto" is the fastest engine the job can run at buckets of `bucket_bytes`
-    (`tfdist.process_setup.engine_choice`): Horovod on MPI or Gloo when its launcher gave
-    Horovod the peers (mpirun, horovodrun, tfdist-run with Horovod installed) and it is
-    importable, otherwise TensorFlow's collectives.
+    (`tfdist.process_setup.engine_choice`): Open MPI's own collectives when the processes
+    are one MPI job (tfdist-run with Open MPI installed, mpirun, srun with PMIx); else
+    Horovod on MPI or Gloo when its launcher gave Horovod the peers (horovodrun, tfdist-run
+    with Horovod installed) and it is importable; otherwise TensorFlow's collectives.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}. Got: {backend!r}")
@@ -64,10 +65,13 @@ class RingAllReduceStrategy(DataParallelStrategy):
         backend: the engine that moves the bytes (the argument keeps Horovod's
             and tf.distribute's word; tfdist calls it the engine throughout):
             "collective" (TensorFlow's collective ops over gRPC),
+            "mpi" (Open MPI's own collectives on the tensors' buffers, `tfdist.comm.mpi`;
+            needs the processes started as one MPI job: tfdist-run with Open MPI
+            installed, mpirun, srun --mpi=pmix),
             "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun,
             mpirun or tfdist-run with Horovod installed), or "auto": the fastest engine
             the job can run by measured curves (`tfdist.process_setup.engine_choice`:
-            Horovod on MPI or Gloo when the launcher set it up, else
+            "mpi" in an MPI job, else Horovod when the launcher set it up, else
             "collective"), said in one start-up line.
         fusion_threshold_bytes: largest gradient bucket, i.e. fused buffer
             (default 4 MiB); for Horovod, also its HOROVOD_FUSION_THRESHOLD.
@@ -94,8 +98,8 @@ class RingAllReduceStrategy(DataParallelStrategy):
             (Adam's moments, momentum, EMA, accumulators) of 1/P of the parameters,
             updates those and the parameters are all-gathered after each step;
             training, evaluation and saved files equal the unsharded strategy's.
-            Element-wise optimizers only; with "fp16" or no compression; on either
-            engine. Algorithm,
+            Element-wise optimizers only; with "fp16" or no compression; on every
+            engine ("collective" all-reduces where it has no reduce-scatter). Algorithm,
             guarantee and cost: `tfdist.strategies.modes.optimizer_shards`.
 
     Example:

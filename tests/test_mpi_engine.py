@@ -1,0 +1,117 @@
+"""The MPI engine (`tfdist.comm.mpi`): Open MPI's collectives from compiled ops, and tfdist-run's
+MPI job (`tfdist.launch.mpi_job`) that lets plain `tfdist-run` use it.
+
+`make install` brings Open MPI and builds the engine's ops, so these run (not skipped). The
+equivalence of whole trainings on this engine is also covered by every tfdist-run launch
+of the other suites: plain tfdist-run starts its ranks through mpirun, and "auto" takes
+this engine.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import failure_report, max_abs_difference, only_configs, script, tfdist_run
+from tfdist import env_vars
+from tfdist.launch import mpi_job
+
+TOLERANCE = 1e-4
+CONFIGS = "adam,adam_tfdata"
+
+
+# ------------------------------------------------------------------ in-process units
+def test_the_mpi_job_environment_keeps_what_ranks_share_and_names_the_rank_variables():
+    envs = [{"A": "same", "TFDIST_RANK": str(r), "HOROVOD_RANK": str(r), "SIZE": "2"}
+            for r in range(2)]
+    common = mpi_job.environment(envs)
+    assert common["A"] == "same" and common["SIZE"] == "2"
+    assert "TFDIST_RANK" not in common and "HOROVOD_RANK" not in common
+    assert common[env_vars.RANK_VARIABLES.name] == "HOROVOD_RANK,TFDIST_RANK"
+
+
+def test_a_variable_that_differs_across_ranks_other_than_the_rank_is_refused():
+    envs = [{"TFDIST_RANK": str(r), "PORT": str(5000 + r)} for r in range(2)]
+    with pytest.raises(ValueError, match="PORT differs across the ranks"):
+        mpi_job.environment(envs)
+
+
+def test_rank_tags_become_labels_and_mpiruns_own_lines_keep_its_label():
+    assert mpi_job.split_label("[tfdist-rank 3] epoch 1\n") == ("3", "epoch 1\n")
+    assert mpi_job.split_label("Primary job terminated\n") == (None, "Primary job terminated\n")
+
+
+def test_a_rank_sets_every_rank_variable_from_mpiruns_rank_and_tags_whole_lines():
+    env = dict(os.environ, OMPI_COMM_WORLD_RANK="1",
+               **{env_vars.RANK_VARIABLES.name: "TFDIST_RANK,HOROVOD_RANK"})
+    child = ("import os, sys; sys.stdout.write('a'); sys.stdout.flush(); "
+             "print('b', os.environ['TFDIST_RANK'], os.environ['HOROVOD_RANK']); "
+             "print('no newline at the end', end=''); sys.exit(3)")
+    done = subprocess.run([sys.executable, "-m", "tfdist.launch.mpi_rank", sys.executable, "-c",
+                           child], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines() == ["[tfdist-rank 1] ab 1 1",
+                                        "[tfdist-rank 1] no newline at the end",
+                                        "[tfdist-rank 1 exited 3]"]
+    assert mpi_job.split_label("[tfdist-rank 1 exited 3]\n") == ("1", None)
+
+
+def test_mpi_flags_are_refused_where_mpirun_cannot_go():
+    for flags in (["--mpi", "--keep-going"], ["--mpi", "--min-np", "1"]):
+        done = subprocess.run([sys.executable, "-m", "tfdist.launch", "-np", "2", *flags,
+                               sys.executable, "-c", "pass"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and "--mpi cannot go with" in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------ processes
+@pytest.mark.parametrize("world", [3])
+def test_collectives_keep_their_contract_on_the_mpi_engine(world):
+    done = tfdist_run(world, [script("collectives_contract.py"), "mpi"], timeout=300)
+    assert done.returncode == 0, failure_report(done)
+    assert "collectives contract ok" in done.stdout
+    assert "[tfdist-rank" not in done.stdout  # every line relabelled
+
+
+@pytest.fixture(scope="module")
+def reference(one_process_run):
+    return only_configs(one_process_run(), CONFIGS.split(","))
+
+
+def test_plain_tfdist_run_takes_the_mpi_engine_and_matches_one_process(reference, tmp_path):
+    prefix = str(tmp_path / "auto")
+    done = tfdist_run(2, [script("train_equivalence.py"), prefix, "--configs", CONFIGS],
+                      timeout=900)
+    assert done.returncode == 0, failure_report(done)
+    assert "on mpi (backend 'auto'" in done.stdout + done.stderr, failure_report(done)
+    ranks = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(2)]
+    for key, value in reference.items():
+        for rank in ranks:
+            assert max_abs_difference(rank[key], value) <= TOLERANCE, key
+
+
+def test_a_failing_rank_is_named_with_its_exit_code_as_without_mpirun(tmp_path):
+    path = tmp_path / "fails.py"
+    path.write_text("import os, sys\nprint('hello', flush=True)\n"
+                    "sys.exit(3 if os.environ['TFDIST_RANK'] == '1' else 0)\n")
+    done = tfdist_run(2, [str(path)], timeout=120)
+    assert done.returncode == 3, failure_report(done)
+    assert "tfdist-run: rank 1 exited with code 3" in done.stderr, failure_report(done)
+    assert "[0] hello" in done.stdout and "[1] hello" in done.stdout
+
+
+def test_a_rank_out_of_step_ends_the_job_within_the_timeout_naming_it(tmp_path):
+    code = ("import time, tensorflow as tf, tfdist\n"
+            "s = tfdist.strategies.RingAllReduceStrategy(backend='mpi')\n"
+            "comm = s.extended.communicator\n"
+            "if s.rank == 1:\n    time.sleep(600)\n"
+            "step = tf.function(lambda: comm.all_reduce(tf.ones([3])))\n"
+            "with comm.expect_progress('the test step'):\n    step()\n")
+    path = tmp_path / "out_of_step.py"
+    path.write_text(code)
+    done = tfdist_run(2, [str(path)], run_timeout=20, timeout=300)
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "rank 0" in output and "MPI cannot cancel its collectives" in output, output[-3000:]

@@ -1,0 +1,92 @@
+"""`tfdist-run`'s ranks as one MPI job: started by Open MPI's mpirun, so the MPI engine runs.
+
+Open MPI 4 cannot join processes started one by one into one MPI_COMM_WORLD (a
+singleton's `MPI_Comm_connect` is refused: "runtime environment does not support
+accept/connect"), so when the job wants the MPI engine (`tfdist.comm.mpi`) tfdist-run
+starts its training processes through one `mpirun` on this host instead of one by one:
+
+    mpirun --oversubscribe --bind-to none -np N python -m tfdist.launch.mpi_rank <command>
+
+Each rank gets the environment tfdist-run gives every process, and `mpi_rank` turns
+mpirun's rank into tfdist-run's (`TFDIST_RANK`) before it runs the command, so the
+processes describe their cluster as under plain tfdist-run (ports, timeout, Horovod's
+Gloo rendezvous, profiling) and are also one MPI job. Parameter servers are still
+started one by one. `mpi_rank` tags each whole line of a rank's output with its rank;
+`split_label` turns the tag back into tfdist-run's rank label, each rank's lines
+filtered as before.
+
+What mpirun changes: when a rank fails, mpirun ends the others and exits with that
+rank's code, and tfdist-run names the rank from its exit report (`mpi_rank`), as it names
+a rank it started itself; `--bind-to none` leaves the CPUs to
+tfdist's thread settings (`tfdist.process_setup.cpu_share`), as one-by-one starts do.
+Not for elastic jobs (their size changes between starts of single processes).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from typing import List, Optional, Tuple
+
+from tfdist import env_vars
+
+LABEL = "mpirun"
+_TAG = re.compile(r"^\[tfdist-rank (\d+)\] ")  # `tfdist.launch.mpi_rank.TAG`
+_EXIT = re.compile(r"^\[tfdist-rank (\d+) exited (\d+)\]\s*$")  # `mpi_rank.EXIT`
+
+
+@lru_cache(maxsize=None)
+def unavailable_reason() -> Optional[str]:
+    """None when Open MPI's mpirun is on PATH, else why tfdist-run cannot start an MPI job."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return "no `mpirun` on PATH (Open MPI)"
+    try:
+        version = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                                 timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"`mpirun --version` failed: {error}"
+    if "Open MPI" not in version and "OpenRTE" not in version:
+        return f"`mpirun` is not Open MPI's ({version.strip().splitlines()[:1]})"
+    return None
+
+
+def command(num_proc: int, user_command: List[str]) -> List[str]:
+    """The mpirun command line starting `num_proc` ranks of `user_command` on this host."""
+    root = ["--allow-run-as-root"] if os.getuid() == 0 else []
+    return ["mpirun", *root, "--quiet", "--oversubscribe", "--bind-to", "none", "-np", str(num_proc),
+            sys.executable, "-m", "tfdist.launch.mpi_rank", *user_command]
+
+
+def environment(rank_envs: List[dict]) -> dict:
+    """The environment mpirun starts every rank with, from each rank's (`rank_envs`, rank
+    order): what they share, and in `env_vars.RANK_VARIABLES` the names of those whose value
+    is the rank (tfdist-run's, Horovod's on Gloo), which `mpi_rank` sets from mpirun's rank.
+    A variable that differs across ranks in any other way cannot be given by one mpirun: a
+    ValueError names it."""
+    common = dict(rank_envs[0])
+    per_rank = []
+    for name in sorted(set().union(*rank_envs)):
+        values = [env.get(name) for env in rank_envs]
+        if all(value == values[0] for value in values):
+            continue
+        if values != [str(rank) for rank in range(len(rank_envs))]:
+            raise ValueError(f"tfdist-run: {name} differs across the ranks ({values}) and is "
+                             "not the rank: the ranks cannot be one mpirun job")
+        per_rank.append(name)
+        common.pop(name, None)
+    common[env_vars.RANK_VARIABLES.name] = ",".join(per_rank)
+    return common
+
+
+def split_label(line: str) -> Tuple[Optional[str], Optional[str]]:
+    """(rank label, text) of one line a rank's `mpi_rank` tagged; (None, line) for mpirun's own;
+    (label, None) for a failed rank's exit report (`mpi_rank.EXIT`), which is not printed."""
+    if _EXIT.match(line):
+        return _EXIT.match(line).group(1), None
+    match = _TAG.match(line)
+    if match is None:
+        return None, line
+    return match.group(1), line[match.end():]
