@@ -59,7 +59,8 @@ IN_PROCESS_FILES = {
     "test_profiling_in_process.py", "test_quiet_output.py", "test_recommend.py",
     "test_resume_in_process.py", "test_saving_in_process.py",
     "test_sharded_optimizer_in_process.py",
-    "test_step_in_process.py", "test_structure.py", "test_units.py", "test_versions.py",
+    "test_step_in_process.py", "test_structure.py", "test_mpi_engine.py", "test_units.py",
+    "test_versions.py",
 }
 
 

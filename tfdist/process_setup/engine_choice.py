@@ -43,7 +43,14 @@ MPI = "mpi"
 # All-reduce time over TensorFlow's ring's (medians over rounds; the ring's over every run),
 # per payload in bytes: benchmarks/results/engine_curves.json "summary" "over_tf_ring"
 # (engines "mpi_engine", "mpi" and "gloo" there).
-MEASURED_OVER_TF_RING: Dict[str, Dict[int, float]] = {}  # filled below
+MEASURED_OVER_TF_RING: Dict[str, Dict[int, float]] = {
+    MPI: {4096: 0.336, 16384: 0.287, 65536: 0.345, 262144: 0.318, 1048576: 0.277,
+          4194304: 0.209, 16777216: 0.212, 67108864: 0.285},
+    HOROVOD_MPI: {4096: 0.412, 16384: 0.365, 65536: 0.413, 262144: 0.384, 1048576: 0.326,
+                  4194304: 0.305, 16777216: 0.248, 67108864: 0.691},
+    HOROVOD_GLOO: {4096: 0.914, 16384: 0.899, 65536: 1.23, 262144: 1.066, 1048576: 1.238,
+                   4194304: 0.645, 16777216: 0.574, 67108864: 0.548},
+}
 
 # What each engine needs, for the start-up line when a faster one is not available.
 NEEDS = {
