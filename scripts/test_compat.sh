@@ -27,9 +27,12 @@ grep -vE '^#' constraints-compat.txt | grep -E -- "${COMPAT_ONLY:-.}" | while re
         "$PYTHON" -m venv "$venv"
         "$venv/bin/python" -m pip install --quiet --upgrade pip
         tensorflow=$(printf '%s\n' "${pins[@]}" | grep -E '^tensorflow' || true)
-        # tfdist with its extras, TensorFlow as pinned (a release candidate included)
+        # tfdist with its extras (mpi4py: the MPI engine built and run on these versions
+        # too), TensorFlow as pinned (a release candidate included)
+        extras=cpu,profile,test,examples
+        [ -n "${TFDIST_WITHOUT_MPI:-}" ] || extras=$extras,mpi
         "$venv/bin/python" -m pip install --quiet -c "$others" ${tensorflow:+"$tensorflow"} \
-            -e ".[cpu,profile,test,examples]"
+            -e ".[$extras]"
         for pin in "${pins[@]}"; do
             case $pin in
                 keras-nightly*)

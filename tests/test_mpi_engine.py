@@ -61,6 +61,12 @@ def test_a_rank_sets_every_rank_variable_from_mpiruns_rank_and_tags_whole_lines(
 
 
 @pytest.mark.launches  # tfdist-run refusing its flags (no TensorFlow)
+def test_tfdist_run_starts_an_mpi_job_only_where_each_rank_has_a_cpu(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert mpi_job.fits_the_cpus(2) and not mpi_job.fits_the_cpus(3)
+
+
+@pytest.mark.launches  # tfdist-run refusing its flags (no TensorFlow)
 def test_mpi_flags_are_refused_where_mpirun_cannot_go():
     for flags in (["--mpi", "--keep-going"], ["--mpi", "--min-np", "1"]):
         done = subprocess.run([sys.executable, "-m", "tfdist.launch", "-np", "2", *flags,
@@ -73,7 +79,9 @@ def test_mpi_flags_are_refused_where_mpirun_cannot_go():
 @pytest.mark.launches
 @pytest.mark.parametrize("world", [3])
 def test_collectives_keep_their_contract_on_the_mpi_engine(world):
-    done = tfdist_run(world, [script("collectives_contract.py"), "mpi"], timeout=300)
+    # --mpi: more ranks than this machine's 2 CPUs would start one by one by default
+    done = tfdist_run(world, [script("collectives_contract.py"), "mpi"], timeout=300,
+                      launcher=["--mpi"])
     assert done.returncode == 0, failure_report(done)
     assert "collectives contract ok" in done.stdout
     assert "[tfdist-rank" not in done.stdout  # every line relabelled

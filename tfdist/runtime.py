@@ -238,8 +238,13 @@ def _start_mpi(spec: cluster_lib.Cluster) -> "Communicator":
             f"tfdist rank {spec.rank}: the MPI engine needs the processes started as one MPI "
             "job: by mpirun, horovodrun --mpi, tfdist-run --mpi or srun --mpi=pmix (launched "
             f"here by {spec.launcher}); use backend='collective' or change the launcher.")
+    global _cluster
     from tfdist.comm.mpi import MpiCommunicator
 
+    if not spec.worker_addresses:  # each rank's liveness port (mpirun, srun)
+        spec = _cluster = dataclasses.replace(
+            spec, worker_addresses=_exchange_addresses(spec)
+        )
     return MpiCommunicator(spec)
 
 

@@ -49,10 +49,13 @@ def main():
     assert comm.broadcast(tf.constant([3.0 * rank, 1.0]), root=last).numpy().tolist() == [
         3.0 * last, 1.0]
     triangle = world * (world + 1) // 2  # sum over ranks of rank + 1
-    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64):
+    horovod = comm.engine == "horovod"  # Horovod's all-reduce takes no bfloat16 and no bool
+    for dtype in (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64) + (
+            () if horovod else (tf.bfloat16,)):
         total = comm.all_reduce(tf.cast(tf.fill([5], rank + 1), dtype)).numpy()
         assert total.tolist() == [triangle] * 5, (dtype, total)
-    assert comm.all_reduce(tf.constant([True, rank == 0])).numpy().tolist() == [True, True]
+    if not horovod:
+        assert comm.all_reduce(tf.constant([True, rank == 0])).numpy().tolist() == [True, True]
 
     @tf.function
     def buckets(value):  # several sums in one step, of different sizes, as a ring's buckets

@@ -200,7 +200,9 @@ class PeerMonitor:
         message = (f"tfdist rank {self.rank}: peer rank {peer} ({self.addresses[peer]}) is "
                    "gone (its port does not accept connections)")
         if waiting:
-            message += " while this rank was waiting for it; it has probably died"
+            waits = "; ".join(sorted({d for d, _, _ in list(self._waits.values())}))
+            message += (f" while this rank was waiting for it ({waits}); it has exited or "
+                        "died")
         else:
             message += f" since more than {self.timeout:g} s; no collective with it can complete"
         self._fail("unavailable", message, report=waiting)

@@ -24,16 +24,24 @@ code, as for every engine (`tfdist.comm.base`); eager ones run in program order 
 and a process-wide lock keeps two threads from entering MPI at once.
 
 Failure handling, bounded by the job timeout: a process that dies makes mpirun end
-the whole job (Open MPI's default); a peer alive but out of step (not calling the
-matching collective) is what MPI cannot notice - `expect_progress` bounds every
-compiled call, and a wait past the timeout ends this process with a message naming
-the rank and the wait (MPI cannot cancel a pending collective), after which the
-launcher stops the others. An error MPI returns fails the op with MPI's text and
-the rank.
+the whole job (Open MPI's default). What MPI cannot notice: a peer that exits normally
+(in MPI_Finalize it waits for the others, while a rank waits for it in a collective -
+a save on rank 0 alone), and a peer alive but out of step (not calling the matching
+collective). For the first, every rank listens on its port of the job's worker
+addresses (given by tfdist-run, exchanged through MPI under mpirun and srun), accepting
+and closing connections, only so that `tfdist.comm.liveness.PeerMonitor` can tell it
+is gone, as it does for TensorFlow's collectives; for the second, `expect_progress`
+bounds every compiled call (and each eager collective) by the timeout. Either ends
+this process with a message naming the rank and the wait (MPI cannot cancel a pending
+collective), after which the launcher stops the others. An error MPI returns fails the
+op with MPI's text and the rank.
 """
 
+import contextlib
 import os
+import socket
 import sys
+import threading
 
 import tensorflow as tf
 from absl import logging
@@ -75,6 +83,31 @@ def unavailable_reason():
     return mpi_kernels.unavailable_reason()
 
 
+class _LivenessPort:
+    """A listening socket on this rank's port that accepts and closes every connection: what
+    tells a peer's `PeerMonitor` that this process is still there (no data is exchanged)."""
+
+    def __init__(self, address):
+        port = int(address.rsplit(":", 1)[1])
+        self._socket = socket.create_server(("", port), reuse_port=False)
+        self._thread = threading.Thread(target=self._accept, daemon=True,
+                                        name="tfdist-mpi-liveness")
+        self._thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:  # closed
+                return
+            connection.close()
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+
+
 # Element types Open MPI sums through the ops (float16 and bfloat16 by the ops' own
 # reduction); others are summed as float64 (bool, small ints: exact below 2^53).
 SUMMABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
@@ -113,9 +146,9 @@ class MpiCommunicator(Communicator):
                 f"{mpi.Query_thread()}; the MPI engine calls it from TensorFlow's threads and "
                 "needs MPI_THREAD_SERIALIZED or more (do not set mpi4py.rc.thread_level lower)")
         self.transport = "mpi"
-        # The waits' deadlines only: MPI's peers listen on no port tfdist knows, and mpirun
-        # ends the job when one of its processes dies.
-        self._monitor = PeerMonitor(self.rank, [], self.timeout, _end_process)
+        self._listener = _LivenessPort(cluster.worker_addresses[self.rank])
+        self._monitor = PeerMonitor(self.rank, cluster.worker_addresses, self.timeout,
+                                    _end_process)
         logging.info("tfdist rank %d: MPI engine on %s", self.rank,
                      mpi.Get_library_version().splitlines()[0])
 
@@ -126,6 +159,13 @@ class MpiCommunicator(Communicator):
 
     def stop_watching(self):
         self._monitor.stop()
+
+    def gone_peers(self):
+        return self._monitor.gone_peers()
+
+    def close(self):
+        self.stop_watching()
+        self._listener.close()
 
     def _run(self, kind, op, *args, **attrs):
         """`op(*args, **attrs)`; eagerly, bounded by the job timeout as a compiled call is

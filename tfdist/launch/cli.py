@@ -28,7 +28,8 @@ when they backed up on the preemption notice the launcher relayed to them
 job is elastic: it goes on with fewer processes when one is lost and changes
 size at an agreed step when the discovered slots change
 (`tfdist.launch.elastic_job`). When Open MPI's mpirun is installed (or with `--mpi`;
-not with `--no-mpi`, elastic or `--keep-going` jobs) the training processes are started
+not with `--no-mpi`, elastic or `--keep-going` jobs, nor by default with more ranks than
+CPUs: `tfdist.launch.mpi_job.fits_the_cpus`) the training processes are started
 through one mpirun, as one MPI job (`tfdist.launch.mpi_job`): "auto" then takes
 Open MPI's own collectives (`tfdist.comm.mpi`), the fastest engine on one host.
 TensorFlow's start-up notices
@@ -234,14 +235,15 @@ def horovod_wanted(args):
 
 def mpi_wanted(args):
     """True: start the workers through mpirun (`--mpi`, or by default when Open MPI's mpirun
-    is here and the job is neither elastic nor --keep-going); False: one by one."""
+    is here, the job is neither elastic nor --keep-going and its ranks do not outnumber the
+    CPUs); False: one by one."""
     wanted = args.mpi
     if wanted is None and (env_vars.MPI.get() or "").strip():
         wanted = env_vars.MPI.flag()
     if wanted is not None:
         return wanted
     return (mpi_job.unavailable_reason() is None and not args.keep_going
-            and not elastic_job.is_elastic(args))
+            and not elastic_job.is_elastic(args) and mpi_job.fits_the_cpus(args.num_proc))
 
 
 def job_environments(num_proc, num_servers, timeout, port_list, base_env):
