@@ -60,7 +60,6 @@ def test_a_rank_sets_every_rank_variable_from_mpiruns_rank_and_tags_whole_lines(
     assert mpi_job.split_label("[tfdist-rank 1 exited 3]\n") == ("1", None)
 
 
-@pytest.mark.launches  # tfdist-run refusing its flags (no TensorFlow)
 def test_tfdist_run_starts_an_mpi_job_only_where_each_rank_has_a_cpu(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert mpi_job.fits_the_cpus(2) and not mpi_job.fits_the_cpus(3)
