@@ -1,4 +1,4 @@
-"""Ring all-reduce, on TensorFlow's collective ops or on Horovod."""
+"""Ring all-reduce, on Open MPI's collectives, TensorFlow's collective ops or Horovod."""
 
 from tfdist.aggregation.base import Aggregator, positive_bytes
 from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES,
@@ -6,7 +6,8 @@ from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADI
 
 
 class RingAllReduceAggregator(Aggregator):
-    """Fused ring all-reduce (TensorFlow `CollectiveReduceV2` or Horovod/Gloo).
+    """Fused ring all-reduce (Open MPI's `MPI_Allreduce`, TensorFlow's `CollectiveReduceV2`, or
+    Horovod on Gloo or MPI).
 
     Algorithm: tensors are grouped into reverse-order buckets of at most
     `bucket_bytes` (`first_bucket_bytes` for the first;
@@ -14,10 +15,13 @@ class RingAllReduceAggregator(Aggregator):
     exist, so inside a compiled step the last layers' gradients are summed
     while the backward pass still computes the first layers'. A bucket is
     fused into one buffer per dtype by `tfdist.aggregation.fusion` for
-    TensorFlow's collectives, by the engine itself (one grouped all-reduce)
+    Open MPI's and TensorFlow's collectives (a tensor larger than a bucket goes alone, as
+    itself: on the MPI engine it is summed in its own buffer), by the engine itself (one grouped all-reduce)
     when it fuses (Horovod), and all-reduced with the bandwidth-optimal ring
     (Patarasuk & Yuan 2009): a reduce-scatter of P - 1 steps followed by an
-    all-gather of P - 1 steps, each step moving n / P bytes to the next rank.
+    all-gather of P - 1 steps, each step moving n / P bytes to the next rank (Open MPI
+    picks its own algorithm per message size: recursive doubling for small ones, a ring or
+    Rabenseifner's for large ones, the same cost to first order).
 
     Cost model, per bucket of n bytes over P processes:
         T_ring(n, P) = 2 (P - 1) alpha + 2 (P - 1) / P * n * beta
@@ -27,7 +31,7 @@ class RingAllReduceAggregator(Aggregator):
     floating-point reassociation (the ring adds in a rank-dependent order).
 
     Args:
-        communicator: a `tfdist.comm` communicator (TF collectives or Horovod).
+        communicator: a `tfdist.comm` communicator (MPI, TF collectives or Horovod).
         bucket_bytes: largest bucket (fused buffer), in bytes (for Horovod
             it was given to the engine when it started).
         first_bucket_bytes: largest first bucket, in bytes (small: it is

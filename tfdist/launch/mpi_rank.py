@@ -6,8 +6,8 @@ then the command, its output lines tagged with the rank.
 mpirun gives every process the same environment and its rank in OMPI_COMM_WORLD_RANK;
 tfdist-run's processes read theirs from TFDIST_RANK and TFDIST_LOCAL_RANK (one host: the
 same), Horovod on Gloo from HOROVOD_RANK and HOROVOD_LOCAL_RANK: tfdist-run names those in
-TFDIST_RANK_VARIABLES (`mpi_job.environment`). This sets each to the rank and runs the command as its child, which joins the MPI job as the
-rank (Open MPI identifies it by the environment mpirun gave, as for `mpirun sh script.sh`).
+TFDIST_RANK_VARIABLES (`mpi_job.environment`). This sets each to the rank and runs the
+command as its child, which joins the MPI job as the rank (Open MPI identifies it by the environment mpirun gave, as for `mpirun sh script.sh`).
 The child's output is relayed whole line by whole line, each prefixed `[tfdist-rank R] `
 (`TAG`), which tfdist-run turns into its rank label: mpirun's own `--tag-output` tags
 every write, not every line, and splits a traceback into fragments. SIGINT and SIGTERM

@@ -67,7 +67,8 @@ def build(path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     handle, partial = tempfile.mkstemp(suffix=".so.partial", dir=os.path.dirname(path))
     os.close(handle)
-    command = ["g++", "-std=c++17", "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations", SOURCE, "-o", partial,
+    command = ["g++", "-std=c++17", "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations",
+               SOURCE, "-o", partial,
                *tf.sysconfig.get_compile_flags(), *mpi_compile,
                *tf.sysconfig.get_link_flags(), *mpi_link]
     try:
