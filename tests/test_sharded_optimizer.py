@@ -83,6 +83,21 @@ def test_three_processes_on_tensorflows_collectives_equal_the_plain_script(plain
         assert_same_keras_file_arrays(plain_directory / file, tmp_path / "work" / file)
 
 
+def test_two_processes_on_the_mpi_engine_equal_the_plain_script(plain, tmp_path):
+    """Plain tfdist-run's default engine (Open MPI's, `tfdist.comm.mpi`): the gradients
+    reduce-scattered with MPI_Reduce_scatter_block, the parameters all-gathered with
+    MPI_Allgatherv; the same arrays and files as the plain script."""
+    def mpi_job(world, args, **options):
+        return tfdist_run(world, args, launcher=["--mpi"], **options)
+
+    ranks = sharded_run(tmp_path, 2, FAST_CASES, ["--backend", "mpi"], launcher=mpi_job,
+                        extra_env=onednn("1"))
+    reference, plain_directory = plain(FAST_CASES)
+    assert_like_plain(reference, ranks)
+    for file in ("best.keras", "model.keras", "model.weights.h5"):
+        assert_same_keras_file_arrays(plain_directory / file, tmp_path / "work" / file)
+
+
 def test_a_save_on_rank_zero_alone_fails_at_once_naming_the_convention(tmp_path):
     """Horovod's convention (`if rank == 0: model.save(...)`) cannot save a sharded state:
     the chief fails as soon as the others are gone, saying what to do, instead of waiting

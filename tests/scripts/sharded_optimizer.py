@@ -1,7 +1,7 @@
 """Worker script: training with the optimizer state sharded across the ranks (ZeRO stage 1).
 
 Usage: python sharded_optimizer.py OUT [--cases a,b,...] [--strategy plain|sharded|ring]
-                                       [--backend auto|collective|horovod] [--workdir DIR]
+                                       [--backend auto|collective|horovod|mpi] [--workdir DIR]
                                        [--bucket-bytes N] [--save-on-rank-zero-only]
 
 `plain` is the script without tfdist (the reference), `sharded` is

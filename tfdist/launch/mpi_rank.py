@@ -15,6 +15,7 @@ are passed to the child; the exit code is the child's, and a failing rank's last
 (`EXIT`), so that tfdist-run names the rank whose failure ended the job.
 """
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -23,8 +24,18 @@ import sys
 from tfdist import env_vars
 from tfdist.env_vars import Foreign
 
+_PR_SET_PDEATHSIG = 1
 TAG = "[tfdist-rank {rank}] "
 EXIT = "[tfdist-rank {rank} exited {code}]"  # the last line of a rank that failed
+
+
+def _end_with_this_process():
+    """preexec_fn: SIGTERM to the command when this wrapper dies (SIGKILLed by mpirun or the
+    launcher), so no rank outlives the job (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def main(argv=None) -> int:
@@ -41,7 +52,8 @@ def main(argv=None) -> int:
     env = dict(os.environ, **{name: rank for name in names})
     try:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 preexec_fn=_end_with_this_process)
     except OSError as error:
         print(f"tfdist-run: cannot start {argv[0]!r}: {error}", file=sys.stderr, flush=True)
         return 127
