@@ -26,7 +26,6 @@ sets it when `tfdist-run --profile` asked for profiles.
 
 import importlib
 import os
-import sys
 
 import tensorflow as tf
 from absl import logging
@@ -34,7 +33,7 @@ from absl import logging
 from tfdist.env_vars import Foreign
 from tfdist import _tf
 from tfdist.comm.base import Communicator, checked_static_shape
-from tfdist.comm.liveness import PeerMonitor
+from tfdist.comm.liveness import PeerMonitor, ending_the_process
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
 from tfdist.profiling import names
@@ -45,15 +44,6 @@ _INSTALL_HINT = (
     "tfdist: scripts/install_horovod.sh \"$(which python)\" (needs cmake and g++, about 4 "
     "minutes once), or `make install` in the clone."
 )
-
-
-def _end_process(kind, message):
-    """Horovod has no abort: a wait past its deadline ends the process (exit code 1), and the
-    launcher stops the other ranks."""
-    del kind
-    print(f"{message}; Horovod cannot abort its collectives: this process ends (exit code 1)",
-          file=sys.stderr, flush=True)
-    os._exit(1)  # pylint: disable=protected-access
 
 
 def import_horovod():
@@ -141,7 +131,7 @@ class HorovodCommunicator(Communicator):
         self.transport = "mpi" if hvd.mpi_enabled() else "gloo"
         explain_uncaught(self._explain_failure)
         # The waits' deadlines only: Horovod's peers listen on no port tfdist knows.
-        self._monitor = PeerMonitor(self.rank, [], self.timeout, _end_process)
+        self._monitor = PeerMonitor(self.rank, [], self.timeout, ending_the_process("Horovod"))
         with tf.init_scope():
             self._in_step = tf.Variable(0, trainable=False, name="tfdist_horovod_zero")
 

@@ -43,7 +43,9 @@ Cost: one TCP connect per peer every `PROBE_INTERVAL_SECONDS`, no data.
 import contextlib
 import errno
 import itertools
+import os
 import socket
+import sys
 import threading
 import time
 
@@ -52,6 +54,19 @@ from absl import logging
 PROBE_INTERVAL_SECONDS = 2.0
 PROBES_BEFORE_FAILING = 2
 PROBE_TIMEOUT_SECONDS = 2.0
+
+
+def ending_the_process(engine):
+    """An `on_failure` for an engine that cannot abort its collectives (Horovod, MPI): the
+    message, then the process ends (exit code 1) and the launcher stops the other ranks."""
+
+    def end(kind, message):
+        del kind
+        print(f"{message}; {engine} cannot abort its collectives: this process ends "
+              "(exit code 1)", file=sys.stderr, flush=True)
+        os._exit(1)  # pylint: disable=protected-access
+
+    return end
 
 
 def connection_refused(address, timeout=PROBE_TIMEOUT_SECONDS):

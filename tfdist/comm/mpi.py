@@ -38,9 +38,7 @@ op with MPI's text and the rank.
 """
 
 import contextlib
-import os
 import socket
-import sys
 import threading
 
 import tensorflow as tf
@@ -48,17 +46,8 @@ from absl import logging
 
 from tfdist.comm import mpi_kernels
 from tfdist.comm.base import Communicator, checked_static_shape
-from tfdist.comm.liveness import PeerMonitor
+from tfdist.comm.liveness import PeerMonitor, ending_the_process
 from tfdist.errors import ClusterError
-
-
-def _end_process(kind, message):
-    """MPI cannot cancel a pending collective: a wait past its deadline ends the process
-    (exit code 1), and the launcher (mpirun) stops the other ranks."""
-    del kind
-    print(f"{message}; MPI cannot cancel its collectives: this process ends (exit code 1)",
-          file=sys.stderr, flush=True)
-    os._exit(1)  # pylint: disable=protected-access
 
 
 def import_mpi():
@@ -148,7 +137,7 @@ class MpiCommunicator(Communicator):
         self.transport = "mpi"
         self._listener = _LivenessPort(cluster.worker_addresses[self.rank])
         self._monitor = PeerMonitor(self.rank, cluster.worker_addresses, self.timeout,
-                                    _end_process)
+                                    ending_the_process("MPI"))
         logging.info("tfdist rank %d: MPI engine on %s", self.rank,
                      mpi.Get_library_version().splitlines()[0])
 
