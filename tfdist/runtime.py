@@ -238,25 +238,26 @@ def _start_mpi(spec: cluster_lib.Cluster) -> "Communicator":
             f"tfdist rank {spec.rank}: the MPI engine needs the processes started as one MPI "
             "job: by mpirun, horovodrun --mpi, tfdist-run --mpi or srun --mpi=pmix (launched "
             f"here by {spec.launcher}); use backend='collective' or change the launcher.")
-    global _cluster
     from tfdist.comm.mpi import MpiCommunicator
 
-    if not spec.worker_addresses:  # each rank's liveness port (mpirun, srun)
-        spec = _cluster = dataclasses.replace(
-            spec, worker_addresses=_exchange_addresses(spec)
-        )
-    return MpiCommunicator(spec)
+    return MpiCommunicator(_with_worker_addresses(spec))  # each rank's liveness port
 
 
 def _start_collective(spec: cluster_lib.Cluster) -> "Communicator":
-    global _cluster
     from tfdist.comm.tf_collective import CollectiveCommunicator
 
+    return CollectiveCommunicator(_with_worker_addresses(spec))
+
+
+def _with_worker_addresses(spec: cluster_lib.Cluster) -> cluster_lib.Cluster:
+    """`spec` with every worker's "host:port" (swapped with the other ranks where the launcher
+    gave none), kept as this process's cluster."""
+    global _cluster
     if not spec.worker_addresses:
         spec = _cluster = dataclasses.replace(
             spec, worker_addresses=_exchange_addresses(spec)
         )
-    return CollectiveCommunicator(spec)
+    return spec
 
 
 def _exchange_addresses(spec: cluster_lib.Cluster) -> Tuple[str, ...]:

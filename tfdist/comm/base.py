@@ -24,7 +24,7 @@ watch at the end of a job (peers finishing first are no failure).
 
 import abc
 import contextlib
-from typing import Any, ContextManager, List, Sequence
+from typing import Any, ContextManager, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -170,6 +170,17 @@ class Communicator(abc.ABC):
     def close(self) -> None:
         """Release what the communicator holds (at the end of the process)."""
         self.stop_watching()
+
+
+def checked_scatter(tensor: tf.Tensor, world_size: int) -> Tuple[tf.Tensor, int]:
+    """(`tensor`, c) for a reduce-scatter of 1-D `tensor` of world_size x c elements, or a
+    ValueError saying what it takes."""
+    tensor = checked_static_shape(tensor, "reduce_scatter")
+    width = tensor.shape[0] // world_size
+    if tensor.shape.rank != 1 or width * world_size != tensor.shape[0]:
+        raise ValueError(f"reduce_scatter takes a 1-D tensor of a multiple of "
+                         f"{world_size} elements. Got shape {tensor.shape}")
+    return tensor, width
 
 
 def checked_static_shape(tensor: tf.Tensor, collective: str) -> tf.Tensor:

@@ -32,7 +32,7 @@ from absl import logging
 
 from tfdist.env_vars import Foreign
 from tfdist import _tf
-from tfdist.comm.base import Communicator, checked_static_shape
+from tfdist.comm.base import Communicator, checked_scatter
 from tfdist.comm.liveness import PeerMonitor, ending_the_process
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
@@ -247,11 +247,7 @@ class HorovodCommunicator(Communicator):
     def reduce_scatter(self, tensor):
         """Rank r's c elements of the sum of 1-D `tensor` of P x c elements (Horovod splits
         the first dimension evenly when P divides it)."""
-        tensor = checked_static_shape(tensor, "reduce_scatter")
-        width = tensor.shape[0] // self.world_size
-        if tensor.shape.rank != 1 or width * self.world_size != tensor.shape[0]:
-            raise ValueError(f"reduce_scatter takes a 1-D tensor of a multiple of "
-                             f"{self.world_size} elements. Got shape {tensor.shape}")
+        tensor, width = checked_scatter(tensor, self.world_size)
         tensor = self._kept_in_step([tensor])[0]
         name, ignore_scope = self._op_name("reducescatter")
         part = self._mpi_ops._reducescatter(  # pylint: disable=protected-access

@@ -45,7 +45,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist.comm import mpi_kernels
-from tfdist.comm.base import Communicator, checked_static_shape
+from tfdist.comm.base import Communicator, checked_scatter
 from tfdist.comm.liveness import PeerMonitor, ending_the_process
 from tfdist.errors import ClusterError
 
@@ -177,11 +177,7 @@ class MpiCommunicator(Communicator):
     def reduce_scatter(self, tensor):
         """Rank r's c elements of the sum of 1-D `tensor` of P x c elements
         (MPI_Reduce_scatter_block)."""
-        tensor = checked_static_shape(tensor, "reduce_scatter")
-        width = tensor.shape[0] // self.world_size
-        if tensor.shape.rank != 1 or width * self.world_size != tensor.shape[0]:
-            raise ValueError(f"reduce_scatter takes a 1-D tensor of a multiple of "
-                             f"{self.world_size} elements. Got shape {tensor.shape}")
+        tensor, width = checked_scatter(tensor, self.world_size)
         if tensor.dtype not in SUMMABLE:
             raise TypeError(f"reduce_scatter sums {[d.name for d in SUMMABLE]}; got "
                             f"{tensor.dtype.name}")

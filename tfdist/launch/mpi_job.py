@@ -106,8 +106,9 @@ def environment(rank_envs: List[dict]) -> dict:
 def split_label(line: str) -> Tuple[Optional[str], Optional[str]]:
     """(rank label, text) of one line a rank's `mpi_rank` tagged; (None, line) for mpirun's own;
     (label, None) for a failed rank's exit report (`mpi_rank.EXIT`), which is not printed."""
-    if _EXIT.match(line):
-        return _EXIT.match(line).group(1), None
+    exited = _EXIT.match(line)
+    if exited:
+        return exited.group(1), None
     match = _TAG.match(line)
     if match is None:
         return None, line
