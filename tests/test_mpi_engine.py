@@ -31,6 +31,9 @@ def test_the_mpi_job_environment_keeps_what_ranks_share_and_names_the_rank_varia
     assert common["A"] == "same" and common["SIZE"] == "2"
     assert "TFDIST_RANK" not in common and "HOROVOD_RANK" not in common
     assert common[env_vars.RANK_VARIABLES.name] == "HOROVOD_RANK,TFDIST_RANK"
+    assert common[mpi_job.PMIX_SECURITY] == "native"  # not munge's 2.4 s of retries
+    envs[0][mpi_job.PMIX_SECURITY] = envs[1][mpi_job.PMIX_SECURITY] = "munge"
+    assert mpi_job.environment(envs)[mpi_job.PMIX_SECURITY] == "munge"
 
 
 def test_a_variable_that_differs_across_ranks_other_than_the_rank_is_refused():

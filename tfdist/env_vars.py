@@ -383,6 +383,11 @@ class Foreign:  # pylint: disable=too-few-public-methods
     HOROVOD_FUSION_THRESHOLD = _foreign("HOROVOD_FUSION_THRESHOLD", "tfdist (bucket_bytes)",
                                         "Horovod's fusion buffer: the strategy's bucket size.",
                                         _FOR_ENGINES)
+    PMIX_MCA_PSEC = _foreign("PMIX_MCA_psec", "tfdist-run (default), you",
+                             "How mpirun's PMIx server authenticates its ranks: tfdist-run "
+                             "sets `native` for its one-host MPI job unless you set it (PMIx "
+                             "otherwise retries munge's socket for 2.4 s where munged is "
+                             "installed but not running).", _FOR_ENGINES)
 
 
 FOREIGN_VARIABLES = tuple(_FOREIGN)
