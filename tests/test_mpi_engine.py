@@ -4,7 +4,7 @@ MPI job (`tfdist.launch.mpi_job`) that lets plain `tfdist-run` use it.
 `make install` brings Open MPI and builds the engine's ops, so these run (not skipped). The
 equivalence of whole trainings on this engine is also covered by every tfdist-run launch
 of the other suites: plain tfdist-run starts its ranks through mpirun, and "auto" takes
-this engine. The units run in the in-process tier, the tests marked `launches` in the
+this engine (test_sharded_optimizer's 2-process job checks that choice in make test). The units run in the in-process tier, the tests marked `launches` in the
 process tier.
 """
 
@@ -95,7 +95,8 @@ def reference(one_process_run):
     return only_configs(one_process_run(), CONFIGS.split(","))
 
 
-@pytest.mark.launches
+@pytest.mark.slow  # make test: test_sharded_optimizer's 2-process job is plain tfdist-run's
+@pytest.mark.launches  # choice of this engine, equal to the plain script
 def test_plain_tfdist_run_takes_the_mpi_engine_and_matches_one_process(reference, tmp_path):
     prefix = str(tmp_path / "auto")
     done = tfdist_run(2, [script("train_equivalence.py"), prefix, "--configs", CONFIGS],

@@ -5,7 +5,8 @@ one at simulated ranks) as 3 processes under tfdist-run on TensorFlow's collecti
 oneDNN forced off (the parameters' all-gather and the norms' all-reduce inside the compiled
 step, ModelCheckpoint and model.save on every rank writing through the chief's file): the
 same weights, history, evaluation, predictions and loaded-and-trained model as the plain
-script within 1e-4, and about 1/3 of the optimizer's bytes per rank. make test-all: every
+script within 1e-4, and about 1/3 of the optimizer's bytes per rank; the same as 2 processes
+under plain tfdist-run, on the MPI engine "auto" takes there. make test-all: every
 case as 4 processes; under horovodrun, "auto" on Horovod's engine with a bucket per variable.
 """
 
@@ -16,8 +17,9 @@ import sys
 
 import pytest
 
-from helpers import (assert_ranks_match_reference, assert_same_keras_file_arrays, horovodrun,
-                     load_ranks, onednn, run_case_script, script, tfdist_run)
+from helpers import (assert_ranks_match_reference, assert_same_keras_file_arrays,
+                     failure_report, horovodrun, load_ranks, onednn, run_case_script, script,
+                     tfdist_run)
 
 # make test: a LossScaleOptimizer with EMA and accumulation (the norms' all-reduce in a
 # cond), the custom loop and the saves - the rest of the cases run in-process.
@@ -84,13 +86,16 @@ def test_three_processes_on_tensorflows_collectives_equal_the_plain_script(plain
 
 
 def test_two_processes_on_the_mpi_engine_equal_the_plain_script(plain, tmp_path):
-    """Plain tfdist-run's default engine (Open MPI's, `tfdist.comm.mpi`): the gradients
-    reduce-scattered with MPI_Reduce_scatter_block, the parameters all-gathered with
-    MPI_Allgatherv; the same arrays and files as the plain script."""
-    def mpi_job(world, args, **options):
-        return tfdist_run(world, args, launcher=["--mpi"], **options)
+    """Plain tfdist-run's default engine (Open MPI's, `tfdist.comm.mpi`), which "auto" takes
+    there (also make test's check of that choice): the gradients reduce-scattered with
+    MPI_Reduce_scatter_block, the parameters all-gathered with MPI_Allgatherv; the same
+    arrays and files as the plain script."""
+    def plain_tfdist_run(world, args, **options):
+        done = tfdist_run(world, args, **options)
+        assert "on mpi (backend 'auto'" in done.stdout + done.stderr, failure_report(done)
+        return done
 
-    ranks = sharded_run(tmp_path, 2, FAST_CASES, ["--backend", "mpi"], launcher=mpi_job,
+    ranks = sharded_run(tmp_path, 2, FAST_CASES, [], launcher=plain_tfdist_run,
                         extra_env=onednn("1"))
     reference, plain_directory = plain(FAST_CASES)
     assert_like_plain(reference, ranks)
