@@ -291,3 +291,69 @@ def test_an_impossible_plan_is_refused():
         StepPlan("fused")
     with pytest.raises(ValueError, match="not Keras' own train_step"):
         StepPlan(DEFERRED, scaled_by_user=True)
+
+
+def _losses_weighted_in_fit(strategy_class, monkeypatch):
+    """How many of each rank's `weight_loss` calls a 2-rank fit made (Adam: no loss scaling),
+    and the ranks' kernels."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tfdist.simulation import simulate_processes  # pylint: disable=import-outside-toplevel
+
+    calls = []
+    original = ReplicaStep.weight_loss
+
+    def counting(self, optimizer, loss):
+        calls.append(type(optimizer).__name__)
+        return original(self, optimizer, loss)
+
+    monkeypatch.setattr(ReplicaStep, "weight_loss", counting)
+
+    def run(rank):
+        del rank
+        x = np.random.default_rng(0).normal(size=(10, 4)).astype("float32")
+        y = x.sum(axis=1, keepdims=True)
+        strategy = strategy_class()
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse")
+        model.fit(x, y, batch_size=3, epochs=1, verbose=0, shuffle=False)  # a last slice 1+0
+        return model.layers[0].kernel.numpy()
+
+    return calls, simulate_processes(2, run)
+
+
+def test_on_an_engine_with_cheap_small_all_reduces_the_loss_carries_the_share(monkeypatch):
+    """The ring on such an engine (the MPI engine's property; simulated ranks share it) learns
+    the row count first and weights every loss, so no gradient is multiplied; the reduction
+    tree weights after the sum (its small sums go through its tree)."""
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    calls, kernels = _losses_weighted_in_fit(tfdist.strategies.RingAllReduceStrategy,
+                                             monkeypatch)
+    assert calls and set(calls) == {"Adam"}
+    np.testing.assert_array_equal(kernels[0], kernels[1])
+    tree_calls, tree_kernels = _losses_weighted_in_fit(
+        tfdist.strategies.ReductionTreeStrategy, monkeypatch)
+    assert not tree_calls
+    np.testing.assert_allclose(kernels[0], tree_kernels[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_gradient_whose_loss_carried_the_share_passes_as_it_is_or_as_zeros():
+    from tfdist.strategies.step.global_gradients import _counted  # pylint: disable=import-outside-toplevel
+
+    gradient = tf.constant([1.0, np.nan, 3.0])
+    with_rows = ReplicaStep(tf.constant(2))
+    assert _counted(gradient, with_rows) is gradient or np.array_equal(
+        _counted(gradient, with_rows).numpy(), gradient.numpy(), equal_nan=True)
+    empty = ReplicaStep(tf.constant(0))
+    np.testing.assert_array_equal(_counted(gradient, empty).numpy(), [0.0, 0.0, 0.0])
+
+    @tf.function
+    def traced(rows):
+        return _counted(gradient * 2.0, ReplicaStep(rows))
+
+    np.testing.assert_array_equal(traced(tf.constant(0)).numpy(), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(traced(tf.constant(1)).numpy()[[0, 2]], [2.0, 6.0])
+    user = ReplicaStep(tf.constant(0), plan=StepPlan(IMMEDIATE, scaled_by_user=True))
+    assert _counted(gradient, user) is gradient  # a user's function counts an empty slice

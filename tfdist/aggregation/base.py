@@ -131,6 +131,10 @@ class Aggregator(abc.ABC):
     `weights_gradients_first` is True for a hook that must see each rank's
     gradient weighted by its share of the global batch (a compressor); by
     default the share weights are applied after the sum (`step_sum`).
+    `learns_rows_first` is True where a small all-reduce through the hook costs
+    less than a pass over the gradients (the ring on Open MPI's engine): each
+    step then learns the global row count before its backward pass, weights the
+    loss by the share and leaves the gradients as they come (`row_accounting`).
     `variables` is the hook's state across steps, created by `build` as
     variables of the model's optimizer, so that it is broadcast from rank 0
     when created and saved and restored with the optimizer's own (a
@@ -145,6 +149,7 @@ class Aggregator(abc.ABC):
     bucket_bytes: Optional[int] = None
     first_bucket_bytes: Optional[int] = None
     weights_gradients_first: bool = False
+    learns_rows_first: bool = False
 
     def __init__(self) -> None:
         self._bucket_numbers = TraceStableCounter(span=64)

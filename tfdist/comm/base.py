@@ -43,6 +43,12 @@ class Communicator(abc.ABC):
         reduces_scatter: True if `reduce_scatter` is available (Horovod's engine;
             TensorFlow's `CollectiveReduceScatterV2` has no CPU implementation: on
             CPU tensors it waits for ever, so the collective engine says False).
+        small_all_reduce_is_cheap: True if an all-reduce of a few bytes inside a
+            compiled step costs microseconds (Open MPI's), far less than one
+            element-wise pass over a model's gradients; False where it costs about
+            a millisecond (TensorFlow's gRPC collectives, Horovod's negotiation
+            cycle). Steps on such an engine learn the global batch's row count
+            first and weight losses rather than gradients (`row_accounting`).
         timeout: seconds any wait on the peers may last (the job timeout).
     """
 
@@ -53,6 +59,7 @@ class Communicator(abc.ABC):
     fuses_tensors: bool = False
     supports_point_to_point: bool = False
     reduces_scatter: bool = False
+    small_all_reduce_is_cheap: bool = False
 
     # ---------------------------------------------------------- collectives
     @abc.abstractmethod

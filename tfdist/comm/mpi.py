@@ -116,6 +116,9 @@ class MpiCommunicator(Communicator):
     engine = "mpi"
     fuses_tensors = False  # tfdist's aggregators fuse buckets; Open MPI sums each as given
     reduces_scatter = True
+    # Five 4-byte all-reduces added nothing measurable to a compiled call (under 0.02 ms;
+    # the 23 MB all-reduce of the same run: 4.9 ms): `Communicator.small_all_reduce_is_cheap`.
+    small_all_reduce_is_cheap = True
 
     def __init__(self, cluster):
         mpi = import_mpi()

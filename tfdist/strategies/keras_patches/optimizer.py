@@ -123,7 +123,8 @@ def install():
             if step is not None and isinstance(loss, tf.Tensor):
                 loss = step.global_ratio_value(loss)  # a hand-written ratio made global
             loss = original(self, loss)
-            if step is None or step.scaled_by_user or not scales_loss(self):
+            if step is None or step.scaled_by_user or not (
+                    scales_loss(self) or step.weights_every_loss):
                 return loss
             return step.weight_loss(self, loss)
 

@@ -11,7 +11,7 @@ step:
   sum_r n_r g_r / n, so n costs no collective of its own - or before it
   when the aggregator must see the global gradient's values (a compressor,
   `Aggregator.weights_gradients_first`: the step learns n first, one small
-  all-reduce);
+  all-reduce), or when n is known already (`Aggregator.learns_rows_first`);
 * `tf.IndexedSlices` (`gather_slices`): the slices one process has for the
   global batch - every rank's weighted (index, value) pairs in rank order
   when the indices come from the batch, or the shared indices once with the
@@ -20,10 +20,10 @@ step:
   reduce-scatters (`scatter_to`: its `OptimizerShards`): contributed to
   the `StepSum` to be reduce-scattered; the result is this rank's slice of
   the global gradient, all its sharded update reads;
-* a gradient whose loss already carried the share (float16 loss scaling,
-  `ReplicaStep.weight_loss`), or a user's loop that scales its loss itself
-  (`ReplicaStep.scaled_by_user`), is summed with the weight
-  `ReplicaStep.gradient_weight` gives: 1, or 0 for an empty slice.
+* a gradient whose loss already carried the share (float16 loss scaling, or
+  any loss on an aggregator that learns n first: `ReplicaStep.weight_loss`),
+  or a user's loop that scales its loss itself (`ReplicaStep.scaled_by_user`),
+  is summed as it is - zeros for an empty slice (`_counted`), no pass over it.
 
 The deferred path (Keras' own `train_step`: the update waits for the step's
 end) and the immediate one (a custom step's `apply`) both use `add_to`; only
@@ -94,9 +94,8 @@ class GlobalGradients:
                 scatter_to is not None and variables[position] is not None) else None
             scatter = (scatter_to, index) if index is not None else None
             if weighted_in_loss:
-                slots[position] = total.add_sum(_weighted(gradient, step.gradient_weight(True)),
-                                                variables[position], is_gradient=True,
-                                                scatter=scatter)
+                slots[position] = total.add_sum(_counted(gradient, step), variables[position],
+                                                is_gradient=True, scatter=scatter)
             else:
                 slots[position] = total.add_share_weighted(gradient, variables[position],
                                                            is_gradient=True, scatter=scatter)
@@ -200,6 +199,20 @@ def _summed_per_index(slices):
     indices, position = tf.unique(slices.indices)
     values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(indices))
     return tf.IndexedSlices(values, indices, slices.dense_shape)
+
+
+def _counted(gradient, step):
+    """A gradient whose loss already carried the share (`ReplicaStep.weight_loss`) or was
+    scaled by the user, as it is; zeros from an empty slice's stand-in row (NaN included).
+
+    Chosen by a `tf.cond` on the slice having rows rather than multiplied by 0 or 1:
+    a cond passes the gradient's buffer through, where a multiply writes a new one (one
+    element-wise pass over every gradient, each step). A user's function keeps an empty
+    slice's gradient (`ReplicaStep.gradient_weight`: a regularization term counts).
+    """
+    if step.scaled_by_user:
+        return gradient
+    return tf.cond(step.has_rows, lambda: gradient, lambda: tf.zeros_like(gradient))
 
 
 def _weighted(tensor, weight):
