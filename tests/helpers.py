@@ -43,7 +43,8 @@ def launch_command(kind, np_, script_args, run_timeout=120, launcher=None):
 
     kind: "tfdist-run" (with extra `launcher` arguments), "horovodrun" (Gloo,
     this host), "mpirun" (Open MPI, this host, more processes than cores
-    allowed), "srun" (the local Slurm of scripts/local_slurm.sh) or "ray"
+    allowed), "srun" (the local Slurm of scripts/local_slurm.sh; "srun-pmix": the same
+    with `--mpi=pmix`, an MPI job) or "ray"
     (Ray Train's TensorflowTrainer, tests/scripts/ray_train_job.py).
     """
     if kind == "horovodrun":
@@ -54,6 +55,8 @@ def launch_command(kind, np_, script_args, run_timeout=120, launcher=None):
         return ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable] + script_args
     if kind == "srun":
         return ["srun", "-n", str(np_), sys.executable] + script_args
+    if kind == "srun-pmix":  # an MPI job under srun (Slurm's PMIx plugin)
+        return ["srun", "--mpi=pmix", "-n", str(np_), sys.executable] + script_args
     if kind == "ray":  # launcher: ray_train_job.py's options (--max-failures N)
         return [sys.executable, script("ray_train_job.py")] + (launcher or []) + [
             str(np_)] + script_args

@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import failure_report, max_abs_difference, only_configs, script, tfdist_run
+from helpers import (failure_report, max_abs_difference, only_configs, require_launcher, run_job,
+                     script, tfdist_run)
 from tfdist import env_vars
 from tfdist.launch import mpi_job
 
@@ -95,17 +96,32 @@ def reference(one_process_run):
     return only_configs(one_process_run(), CONFIGS.split(","))
 
 
+def assert_on_the_mpi_engine_like_one_process(done, launcher, prefix, reference):
+    assert done.returncode == 0, failure_report(done)
+    assert f"launched by {launcher}: aggregator ring on mpi (backend 'auto'" in (
+        done.stdout + done.stderr), failure_report(done)
+    ranks = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(2)]
+    assert max_abs_difference(reference, ranks[0]) <= TOLERANCE
+    assert max_abs_difference(ranks[0], ranks[1]) <= 1e-6
+
+
 @pytest.mark.slow  # make test: test_sharded_optimizer's 2-process job is plain tfdist-run's
 @pytest.mark.launches  # choice of this engine, equal to the plain script
 def test_plain_tfdist_run_takes_the_mpi_engine_and_matches_one_process(reference, tmp_path):
     prefix = str(tmp_path / "auto")
     done = tfdist_run(2, [script("train_equivalence.py"), prefix, "--configs", CONFIGS],
                       timeout=900)
-    assert done.returncode == 0, failure_report(done)
-    assert "on mpi (backend 'auto'" in done.stdout + done.stderr, failure_report(done)
-    ranks = [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(2)]
-    assert max_abs_difference(reference, ranks[0]) <= TOLERANCE
-    assert max_abs_difference(ranks[0], ranks[1]) <= 1e-6
+    assert_on_the_mpi_engine_like_one_process(done, "tfdist-run", prefix, reference)
+
+
+@pytest.mark.slow  # make test-all, where a Slurm runs (scripts/local_slurm.sh)
+@pytest.mark.launches
+def test_srun_with_pmix_takes_the_mpi_engine_and_matches_one_process(reference, tmp_path):
+    require_launcher("srun")
+    prefix = str(tmp_path / "srun")
+    done = run_job("srun-pmix", 2, [script("train_equivalence.py"), prefix, "--configs", CONFIGS],
+                   timeout=900)
+    assert_on_the_mpi_engine_like_one_process(done, "srun", prefix, reference)
 
 
 @pytest.mark.launches
