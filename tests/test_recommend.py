@@ -221,3 +221,10 @@ def test_a_memory_budget_picks_the_ring_with_the_optimizer_state_sharded():
     assert horovod.options == {"shard_optimizer_state": True, "backend": "horovod"}
     assert horovod.predicted_seconds == pytest.approx(
         predict_all_reduce_seconds("ring", n, 8, alpha, beta))
+    # ... as Open MPI's does (MPI_Reduce_scatter_block).
+    mpi = recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6,
+                    optimizer_state_bytes=2 * n, memory_budget_bytes=3 * n, backend="mpi")
+    assert mpi.options == {"shard_optimizer_state": True, "backend": "mpi"}
+    assert mpi.predicted_seconds == pytest.approx(horovod.predicted_seconds)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        recommend(n, processes=8, bandwidth=10 * GBIT, latency=50e-6, backend="nccl")

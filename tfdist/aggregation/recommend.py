@@ -6,7 +6,11 @@ import numbers
 
 from tfdist.aggregation.cost_model import ALGORITHMS, predict_all_reduce_seconds
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES
+from tfdist.aggregation.ring import REDUCE_SCATTERING_BACKENDS
 from tfdist.aggregation.tree import DEFAULT_CHUNK_BYTES
+
+# The engines `recommend` prices the ring on (`RingAllReduceStrategy(backend=...)`).
+RING_BACKENDS = ("collective", "horovod", "mpi")
 
 # Settings searched (each algorithm's defaults first: on a tie the default wins).
 SMALLEST_CHUNK_BYTES = 64 * 1024
@@ -169,10 +173,11 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
             if none fits. The sharded ring is never faster (on Horovod it ties, and the
             unsharded one, listed first, wins), so it is picked when the memory asks
             for it.
-        backend: the ring's engine, "collective" (TensorFlow's) or "horovod": Horovod's
-            reduce-scatters the sharded ring's gradients, which then costs what the
-            unsharded ring does (`RingAllReduceAggregator.predict_seconds`); the
-            sharded candidate's options carry it.
+        backend: the ring's engine, "collective" (TensorFlow's), "horovod" or "mpi"
+            (Open MPI's): the last two reduce-scatter the sharded ring's gradients,
+            which then costs what the unsharded ring does
+            (`RingAllReduceAggregator.predict_seconds`); the sharded candidate's
+            options carry it.
 
     Returns:
         A `Recommendation`; `recommendation.strategy()` builds its strategy
@@ -192,8 +197,8 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
     _check_number("optimizer_state_bytes", optimizer_state_bytes, minimum=0)
     if memory_budget_bytes is not None:
         _check_number("memory_budget_bytes", memory_budget_bytes, minimum=0, strict=True)
-    if backend not in ("collective", "horovod"):
-        raise ValueError(f"backend must be 'collective' or 'horovod'. Got: {backend!r}")
+    if backend not in RING_BACKENDS:
+        raise ValueError(f"backend must be one of {RING_BACKENDS}. Got: {backend!r}")
     alpha, beta = float(latency), 8.0 / bandwidth
     pairs = (search_space(n_bytes, processes, optimizer_state_bytes, backend)
              if candidates is None else list(candidates))
@@ -281,11 +286,12 @@ def gradient_shapes(model_or_bytes, n_bytes):
 def search_space(n_bytes, processes, optimizer_state_bytes=0, backend="collective"):
     """Every (algorithm, options) pair `recommend` considers for n bytes over P processes
     (the ring with its optimizer state sharded too when there is state to shard, on
-    `backend` when it is Horovod's)."""
+    `backend` when it reduce-scatters: Horovod's or Open MPI's)."""
     pairs = [("ring", {})]
     if optimizer_state_bytes:
         pairs.append(("ring", {"shard_optimizer_state": True,
-                               **({"backend": backend} if backend == "horovod" else {})}))
+                               **({"backend": backend}
+                                  if backend in REDUCE_SCATTERING_BACKENDS else {})}))
     chunks = [SMALLEST_CHUNK_BYTES]
     while chunks[-1] < n_bytes:
         chunks.append(chunks[-1] * 2)

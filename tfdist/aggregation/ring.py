@@ -5,6 +5,11 @@ from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADI
                                       FusionPlan)
 
 
+# Engines with a reduce-scatter of their own: a sharded optimizer's gradients are
+# reduce-scattered there, half of an all-reduce (`predict_seconds`).
+REDUCE_SCATTERING_BACKENDS = ("horovod", "mpi")
+
+
 class RingAllReduceAggregator(Aggregator):
     """Fused ring all-reduce (Open MPI's `MPI_Allreduce`, TensorFlow's `CollectiveReduceV2`, or
     Horovod on Gloo or MPI).
@@ -79,6 +84,6 @@ class RingAllReduceAggregator(Aggregator):
         (1.5x the bytes)."""
         p = world_size
         seconds = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
-        if shard_optimizer_state and backend not in ("horovod", "mpi"):
+        if shard_optimizer_state and backend not in REDUCE_SCATTERING_BACKENDS:
             seconds += (p - 1) * alpha + (p - 1) / p * n_bytes * beta
         return seconds
