@@ -23,7 +23,8 @@ step:
 * a gradient whose loss already carried the share (float16 loss scaling, or
   any loss on an aggregator that learns n first: `ReplicaStep.weight_loss`),
   or a user's loop that scales its loss itself (`ReplicaStep.scaled_by_user`),
-  is summed as it is - zeros for an empty slice (`_counted`), no pass over it.
+  is summed as it is - zeros for an empty slice (`ReplicaStep.counted_gradient`), no
+  pass over it.
 
 The deferred path (Keras' own `train_step`: the update waits for the step's
 end) and the immediate one (a custom step's `apply`) both use `add_to`; only
@@ -94,8 +95,9 @@ class GlobalGradients:
                 scatter_to is not None and variables[position] is not None) else None
             scatter = (scatter_to, index) if index is not None else None
             if weighted_in_loss:
-                slots[position] = total.add_sum(_counted(gradient, step), variables[position],
-                                                is_gradient=True, scatter=scatter)
+                slots[position] = total.add_sum(step.counted_gradient(gradient),
+                                                variables[position], is_gradient=True,
+                                                scatter=scatter)
             else:
                 slots[position] = total.add_share_weighted(gradient, variables[position],
                                                            is_gradient=True, scatter=scatter)
@@ -199,20 +201,6 @@ def _summed_per_index(slices):
     indices, position = tf.unique(slices.indices)
     values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(indices))
     return tf.IndexedSlices(values, indices, slices.dense_shape)
-
-
-def _counted(gradient, step):
-    """A gradient whose loss already carried the share (`ReplicaStep.weight_loss`) or was
-    scaled by the user, as it is; zeros from an empty slice's stand-in row (NaN included).
-
-    Chosen by a `tf.cond` on the slice having rows rather than multiplied by 0 or 1:
-    a cond passes the gradient's buffer through, where a multiply writes a new one (one
-    element-wise pass over every gradient, each step). A user's function keeps an empty
-    slice's gradient (`ReplicaStep.gradient_weight`: a regularization term counts).
-    """
-    if step.scaled_by_user:
-        return gradient
-    return tf.cond(step.has_rows, lambda: gradient, lambda: tf.zeros_like(gradient))
 
 
 def _weighted(tensor, weight):

@@ -68,6 +68,20 @@ class ReplicaStep(RowAccounting):
             return lambda dtype: tf.ones([], dtype)
         return self.has_rows_weight if weighted_in_loss else self.weight
 
+    def counted_gradient(self, gradient):
+        """A gradient whose loss already carried the share (`weight_loss`) or was scaled by
+        the user, as it is; zeros from an empty slice's stand-in row (NaN included) - what
+        `gradient_weight(True)` weights by, without the multiply.
+
+        Chosen by a `tf.cond` on the slice having rows: a cond passes the gradient's buffer
+        through, where a multiply by 0 or 1 writes a new one (an element-wise pass over
+        every gradient, each step). A user's function keeps an empty slice's gradient (a
+        regularization term counts).
+        """
+        if self.scaled_by_user:
+            return gradient
+        return tf.cond(self.has_rows, lambda: gradient, lambda: tf.zeros_like(gradient))
+
     def ratio_factor(self, value):
         """The factor that makes a hand-written ratio of batch sums global, or None.
 
