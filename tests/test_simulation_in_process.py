@@ -6,6 +6,7 @@ matches, each rank has its own Python and NumPy generators, and a thread
 bound to a communicator is that rank for the runtime and the strategies.
 """
 
+import gc
 import random
 import threading
 import time
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import runtime
+from tfdist.comm import simulated
 from tfdist.comm.simulated import SimulationError, simulate
 from tfdist.simulation import simulate_processes
 
@@ -137,3 +139,32 @@ def test_a_bound_thread_is_its_rank_for_the_runtime_and_the_strategies():
     assert simulate_processes(3, run) == [(r, 3, r, 3, "simulated", True) for r in range(3)]
     assert not runtime.bound_to_communicator()
     assert runtime.cluster().launcher != "simulated"  # the process's own is untouched
+
+
+def test_garbage_collections_run_on_the_waiting_thread_not_in_a_rank(monkeypatch):
+    """A collection can block (a `tf.data` iterator in a cycle waits for its pipeline's
+    threads); while ranks run, collections run on the thread that waits for them, so no rank
+    stalls in one. Automatic collection is as it was afterwards."""
+    monkeypatch.setattr(simulated, "COLLECT_EVERY_SECONDS", 0.05)
+    finalized = []
+    done = threading.Event()
+
+    class InACycle:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            finalized.append(threading.current_thread().name)
+            done.set()
+
+    def run(comm):
+        if comm.rank == 0:
+            InACycle()
+            _ = [[i] for i in range(100_000)]  # far past the youngest generation's threshold
+            assert done.wait(20.0)
+        comm.all_reduce(tf.ones([1]))
+
+    enabled = gc.isenabled()
+    simulate(2, run)
+    assert finalized == ["MainThread"]
+    assert gc.isenabled() == enabled

@@ -14,7 +14,10 @@ What threads share and processes do not is made per-thread where training
 reads it: Python's and NumPy's global random generators
 (`comm.thread_random_state`). TensorFlow's global seed and its eager
 op-seed sequence stay process-wide, so a script whose ranks draw unseeded
-eager random ops must run as processes. Compiled steps wait for their
+eager random ops must run as processes. Python's cyclic garbage collector
+runs on the calling thread while the ranks run, never inside a rank (a
+collection that destroys a `tf.data` iterator can wait seconds for its
+pipeline's threads, and would hold that rank alone). Compiled steps wait for their
 peers on TensorFlow's inter-op threads: call
 `tfdist.comm.simulated.reserve_inter_op_threads()` before TensorFlow
 starts.

@@ -44,6 +44,7 @@ reference, nothing is serialized. Not an engine for training.
 
 import collections
 import faulthandler
+import gc
 import itertools
 import os
 import sys
@@ -58,9 +59,10 @@ import tensorflow as tf
 from tfdist.comm.base import Communicator, checked_static_shape
 from tfdist.comm.trace_counter import TraceStableCounter
 
-# Two pytest processes of simulated ranks on 2 cores have shown a peer's thread sitting at one
-# Python line, using no CPU time, for 30-60 s and more while the other ranks waited (cause not
-# found: a failing wait dumps every thread's stack to stderr); a real hang still fails, later.
+# A wait gives up after this long without progress. A peer's thread seen sitting at one Python
+# line, using no CPU time, for 30-60 s and more was a garbage collection destroying a tf.data
+# iterator in that rank (`_CollectionsOnTheWaitingThread` moved them); a failing wait dumps
+# every thread's stack to stderr.
 DEFAULT_TIMEOUT_SECONDS = 120.0
 # A wait whose late peers keep moving ends after at most this many timeouts.
 PROGRESS_CAP = 5
@@ -69,6 +71,9 @@ PROGRESS_CAP = 5
 CPU_PROGRESS = 0.05
 # Inter-op threads a process of simulated ranks needs (see `reserve_inter_op_threads`).
 INTER_OP_THREADS = 16
+# While ranks run, Python's cyclic garbage collector runs on the thread that waits for them,
+# this often (`_CollectionsOnTheWaitingThread`).
+COLLECT_EVERY_SECONDS = 5.0
 
 
 class SimulationError(RuntimeError):
@@ -332,17 +337,17 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
     threads = [threading.Thread(target=run, args=(rank,), name=f"simulated-rank-{rank}",
                                 daemon=True) for rank in range(meeting.world_size)]
     meeting.threads = dict(enumerate(threads))
-    for thread in threads:
-        thread.start()
     # Every rank finished, or one failed; a rank computing long outside any collective is
     # waited for up to the cap of a wait (its peers' waits bound the rest).
     limit = PROGRESS_CAP * meeting.timeout
-    with meeting.condition:
-        meeting.condition.wait_for(
-            lambda: meeting.failed is not None or len(finished) == meeting.world_size, limit)
-    cleanup = time.monotonic() + meeting.timeout  # the others end at their next collective
-    for thread in threads:
-        thread.join(max(0.0, cleanup - time.monotonic()))
+    with _CollectionsOnTheWaitingThread() as collections_here:
+        for thread in threads:
+            thread.start()
+        collections_here.wait(meeting.condition, lambda: (
+            meeting.failed is not None or len(finished) == meeting.world_size), limit)
+        cleanup = time.monotonic() + meeting.timeout  # the others end at their next collective
+        for thread in threads:
+            thread.join(max(0.0, cleanup - time.monotonic()))
     if meeting.failed is not None:
         rank, error = meeting.failed
         raise SimulationError(f"simulated rank {rank} failed: {_describe(error)}") from error
@@ -352,6 +357,62 @@ def simulate(world_size: int, fn: Callable[[SimulatedCommunicator], Result],
                               f"{sorted(set(range(meeting.world_size)) - set(finished))} did "
                               "not)")
     return results
+
+
+class _CollectionsOnTheWaitingThread:
+    """While simulated ranks run, Python's cyclic garbage collector runs on the thread that
+    waits for them, never inside a rank.
+
+    Why: left automatic, a collection runs in whichever thread allocates, so in a rank's.
+    One that destroys a `tf.data` iterator caught in a reference cycle (a stopped fit's
+    traceback, a model's last epoch iterator) waits there for the pipeline's threads to end
+    (`RootDataset::Iterator`'s destructor; autotuning's thread wakes on a schedule that
+    lengthens to a minute). That rank then sits at one Python line using no CPU time while its
+    peers wait for it: seen 2-5 s in one file of the in-process tier, and past the 120 s wait
+    limit once, failing a correct test. Reference counting, which frees nearly everything,
+    still runs where an object is dropped.
+
+    How: entering collects once (a previous simulation's garbage) and turns automatic
+    collections off (process-wide, counted across concurrent simulations); `wait` collects
+    every `COLLECT_EVERY_SECONDS` between its waits; leaving turns them back on as they were.
+    Cost: one full collection per period (0.16 s with TensorFlow and a fitted Keras model
+    loaded), a few percent of the GIL.
+    """
+
+    _lock = threading.Lock()
+    _users = 0
+    _was_enabled = True
+
+    def __enter__(self):
+        gc.collect()
+        cls = type(self)
+        with cls._lock:
+            if cls._users == 0:
+                cls._was_enabled = gc.isenabled()
+                gc.disable()
+            cls._users += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        cls = type(self)
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0 and cls._was_enabled:
+                gc.enable()
+
+    @staticmethod
+    def wait(condition, done, limit):
+        """Wait on `condition` until `done()` or `limit` seconds, collecting between waits
+        (outside the condition's lock: a destructor may need it)."""
+        deadline = time.monotonic() + limit
+        while True:
+            with condition:
+                if condition.wait_for(done, max(0.0, min(COLLECT_EVERY_SECONDS,
+                                                         deadline - time.monotonic()))):
+                    return
+            if time.monotonic() >= deadline:
+                return
+            gc.collect()
 
 
 def _dump_threads(why: str) -> None:
