@@ -47,7 +47,7 @@ import sys
 import time
 
 from benchmarks import peer_report
-from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi_root_env,
+from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi_env,
                                 write_result)
 from benchmarks.plotting import pyplot, save
 
@@ -110,7 +110,7 @@ def _distributed(tmp, config, processes, tag, peer_python, models):
         worker = _worker(sys.executable, out, strategy, models, *options)
         if config in ("horovod_mpi", "mpi"):
             command = mpirun_command(processes) + worker
-            env = dict(_env(), **open_mpi_root_env())
+            env = dict(_env(), **open_mpi_env())
         else:
             flags = ["--horovod"] if config == "horovod_gloo" else []
             command = [sys.executable, "-m", "tfdist.launch", "-np", str(processes),

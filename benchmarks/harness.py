@@ -74,6 +74,18 @@ def open_mpi_root_env():
     return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
+def open_mpi_env():
+    """`open_mpi_root_env()` and, unless set, PMIx authenticating the ranks by user id, as
+    tfdist-run's mpirun does (`tfdist.launch.mpi_job.PMIX_SECURITY`: no 2.4 s per job
+    retrying munge's socket where munge is installed but not running)."""
+    from tfdist.launch import mpi_job  # pylint: disable=import-outside-toplevel
+
+    env = open_mpi_root_env()
+    if mpi_job.PMIX_SECURITY not in os.environ:
+        env[mpi_job.PMIX_SECURITY] = mpi_job.LOCAL_SECURITY
+    return env
+
+
 @functools.lru_cache(maxsize=None)
 def mpirun_available():
     """True when Open MPI's mpirun and a Horovod built with MPI are here (make install).
@@ -97,7 +109,7 @@ def worker_env():
 
 
 def mpirun_env():
-    return dict(worker_env(), **open_mpi_root_env())
+    return dict(worker_env(), **open_mpi_env())
 
 
 def launch_mpirun(np_, worker, args):
