@@ -372,9 +372,9 @@ class _CollectionsOnTheWaitingThread:
     limit once, failing a correct test. Reference counting, which frees nearly everything,
     still runs where an object is dropped.
 
-    How: entering collects once (a previous simulation's garbage) and turns automatic
-    collections off (process-wide, counted across concurrent simulations); `wait` collects
-    every `COLLECT_EVERY_SECONDS` between its waits; leaving turns them back on as they were.
+    How: entering turns automatic collections off (process-wide, counted across concurrent
+    simulations); `wait` collects every `COLLECT_EVERY_SECONDS` between its waits; leaving
+    turns them back on as they were (the next one runs on the caller's thread).
     Cost: one full collection per period (0.16 s with TensorFlow and a fitted Keras model
     loaded), a few percent of the GIL.
     """
@@ -384,7 +384,6 @@ class _CollectionsOnTheWaitingThread:
     _was_enabled = True
 
     def __enter__(self):
-        gc.collect()
         cls = type(self)
         with cls._lock:
             if cls._users == 0:
