@@ -364,8 +364,8 @@ class _CollectionsOnTheWaitingThread:
     waits for them, never inside a rank.
 
     Why: left automatic, a collection runs in whichever thread allocates, so in a rank's.
-    One that destroys a `tf.data` iterator caught in a reference cycle (a stopped fit's
-    traceback, a model's last epoch iterator) waits there for the pipeline's threads to end
+    One that destroys a `tf.data` iterator caught in a reference cycle (seen: a fit stopped
+    by an exception, whose traceback holds it) waits there for the pipeline's threads to end
     (`RootDataset::Iterator`'s destructor; autotuning's thread wakes on a schedule that
     lengthens to a minute). That rank then sits at one Python line using no CPU time while its
     peers wait for it: seen 2-5 s in one file of the in-process tier, and past the 120 s wait
