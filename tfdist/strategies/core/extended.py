@@ -33,7 +33,7 @@ from tfdist.strategies.state import rank_state
 from tfdist.strategies.step import replica_step
 from tfdist.strategies.state import save_records
 from tfdist.strategies.step import step_plan
-from tfdist.strategies.keras_patches import steps as keras_steps
+from tfdist.strategies.keras_patches import keras_internals, steps as keras_steps
 from tfdist.strategies.step.cross_replica_sum import StepReplicaContext, sum_exactly
 from tfdist.strategies.step.global_gradients import GlobalGradients
 from tfdist.strategies.inputs.local_input import LocalSliceDataset
@@ -194,6 +194,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         broadcast; or the creating rank's own until synchronized)."""
         if self._one_process or getattr(self._rank_local, "active", False):
             return super()._create_variable(next_creator, **kwargs)
+        if (self.input_mode.random_state_is_rank_own
+                and keras_internals.is_seed_generator_state(kwargs)):
+            with self.rank_local_variables():  # each rank draws its own masks
+                return super()._create_variable(next_creator, **kwargs)
         kwargs = self.input_mode.creating_variable(kwargs, self._communicator)
         variable = super()._create_variable(next_creator, **kwargs)
         return self.local_state.track(variable)

@@ -86,6 +86,16 @@ TFDatasetAdapter = _attribute(_tf_dataset_adapter,
 get_keras_mask = _attribute(masking, "keras.src.backend.common.masking", "get_keras_mask")
 set_keras_mask = _attribute(masking, "keras.src.backend.common.masking", "set_keras_mask")
 
+# The name `keras.random.SeedGenerator` gives its state variable (every supported version).
+SEED_GENERATOR_STATE_NAME = "seed_generator_state"
+
+
+def is_seed_generator_state(variable_kwargs: dict) -> bool:
+    """Whether a variable created with `variable_kwargs` is a Keras seed generator's state."""
+    name = variable_kwargs.get("name") or ""
+    return name.rsplit("/", 1)[-1].split(":")[0] == SEED_GENERATOR_STATE_NAME
+
+
 # Keras 3.16 calls a compiled step (steps_per_execution=1) on each eager batch, so the step is
 # traced with the first batch's static size, and again with a relaxed one when a batch of
 # another size comes (`reduce_retracing`); 3.15 and earlier trace the step on the iterator.

@@ -29,6 +29,8 @@ from tfdist.strategies.inputs.batch_slicing import shard_global_batch, slice_row
 class GlobalBatchInput:
     """Every rank's data is the same global data, sliced by tfdist; see the module docstring."""
 
+    random_state_is_rank_own = False  # seed states start alike and must advance alike
+
     def start(self, extended):
         # Shuffles (TensorFlow's, Python's, NumPy's) must draw the same order on every rank.
         align_random_state(extended.communicator)

@@ -24,6 +24,11 @@ from typing import Any, Callable, List, Optional, Protocol, Sequence, runtime_ch
 class InputMode(Protocol):
     """What each rank's data is: its slice of the same global batch, or batches of its own."""
 
+    random_state_is_rank_own: bool
+    """A Keras seed generator's state (Dropout's masks, random augmentation) is each rank's
+    own: not broadcast, not made global, not compared (Horovod's ranks draw their own masks).
+    Otherwise it starts from rank 0's and must advance alike on every rank."""
+
     def start(self, extended: Any) -> None:
         """At the strategy's construction, several processes: the random state the mode needs
         (the same shuffles on every rank for sliced global batches)."""

@@ -6,7 +6,8 @@ rank's own; a step's global batch is every rank's batches together, weighted
 by rows, so the update equals one process's on the concatenated batches.
 Nothing is sliced, arrays are not compared across ranks, predictions stay
 on their rank and random state is each rank's own (Horovod's ranks shuffle
-apart). A variable is the creating rank's own until synchronized, as in
+apart and draw their own Dropout masks: a Keras seed generator's state is the
+rank's own, never compared across ranks). A variable is the creating rank's own until synchronized, as in
 Horovod: a variable one rank creates alone (an optimizer, a checkpoint's
 counter, a model saved or loaded on rank 0) waits for no other rank; `fit`
 starts from rank 0's variables (`_StartFromRankZero`), and a custom loop
@@ -33,6 +34,8 @@ KERAS_2_ARGUMENT = "experimental_run_tf_function"
 
 class PerRankInput:
     """Each rank's data is its own; see the module docstring."""
+
+    random_state_is_rank_own = True  # each rank its own Dropout masks, as in Horovod
 
     def start(self, extended):
         del extended  # each rank keeps its own random state, as Horovod's ranks do
