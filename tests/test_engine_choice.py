@@ -71,24 +71,57 @@ def test_the_fastest_available_engine_is_chosen_and_the_faster_ones_named(
         assert faster == ""
 
 
-@pytest.mark.parametrize("controller, mpi_job, backend", [
-    (None, False, "collective"), ("gloo", False, "horovod"), ("mpi", False, "horovod"),
-    (None, True, "mpi"), ("gloo", True, "mpi")])
-def test_resolve_backend_auto_follows_the_launcher(monkeypatch, controller, mpi_job, backend):
+@pytest.mark.parametrize("engines, backend", [
+    ((COLLECTIVE,), "collective"), ((HOROVOD_GLOO, COLLECTIVE), "horovod"),
+    ((HOROVOD_MPI, COLLECTIVE), "horovod"), ((MPI, COLLECTIVE), "mpi"),
+    ((MPI, HOROVOD_GLOO, COLLECTIVE), "mpi")])
+def test_resolve_backend_auto_takes_the_fastest_agreed_engine(monkeypatch, engines, backend):
     from tfdist import runtime  # pylint: disable=import-outside-toplevel
+    from tfdist.comm.rank_agreement import Agreement  # pylint: disable=import-outside-toplevel
     from tfdist.strategies import ring  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(runtime, "horovod_controller", lambda: controller)
-    monkeypatch.setattr(ring, "mpi_engine_runs", lambda: mpi_job)
-    monkeypatch.setattr(ring, "horovod_available", lambda: True)
+    monkeypatch.setattr(runtime, "job_agreement", lambda: Agreement(engines, {}, None))
     chosen, why = ring.resolve_backend("auto", 4 * MiB)
-    # one engine: no choice
-    assert chosen == backend and (why is None) == (controller is None and not mpi_job)
+    assert chosen == backend and (why is None) == (len(engines) == 1)  # one engine: no choice
     assert ring.resolve_backend("collective") == ("collective", None)
-    monkeypatch.setattr(ring, "horovod_available", lambda: False)  # launched, not installed
-    assert ring.resolve_backend("auto")[0] == ("mpi" if mpi_job else "collective")
     with pytest.raises(ValueError, match="backend must be one of"):
         ring.resolve_backend("nccl")
+
+
+def test_resolve_backend_names_a_faster_engine_some_rank_cannot_run(monkeypatch):
+    """A host without the MPI engine's compiler: every rank takes Horovod, and the start-up
+    line says which rank could not run the MPI engine and why."""
+    from tfdist import runtime  # pylint: disable=import-outside-toplevel
+    from tfdist.comm import rank_agreement  # pylint: disable=import-outside-toplevel
+    from tfdist.strategies import ring  # pylint: disable=import-outside-toplevel
+
+    versions = {"tfdist": "1", "tensorflow": "2", "keras": "3"}
+    agreement = rank_agreement.settle(0, [
+        rank_agreement.proposal((MPI, HOROVOD_MPI, COLLECTIVE), {}, versions),
+        rank_agreement.proposal((HOROVOD_MPI, COLLECTIVE), {MPI: "no mpicxx on PATH"},
+                                versions)])
+    monkeypatch.setattr(runtime, "job_agreement", lambda: agreement)
+    chosen, why = ring.resolve_backend("auto", 4 * MiB)
+    assert chosen == "horovod"
+    assert "not mpi: rank 1 cannot run it: no mpicxx on PATH" in why
+
+
+def test_ranks_that_run_different_versions_fail_naming_them():
+    from tfdist.comm import rank_agreement  # pylint: disable=import-outside-toplevel
+    from tfdist.errors import ClusterError  # pylint: disable=import-outside-toplevel
+
+    ours = {"tfdist": "0.1.0", "tensorflow": "2.21.0", "keras": "3.15.1"}
+    theirs = dict(ours, tensorflow="2.18.1")
+    proposals = [rank_agreement.proposal((COLLECTIVE,), {}, v, secret)
+                 for v, secret in ((ours, "s3cret"), (ours, None), (theirs, None))]
+    with pytest.raises(ClusterError, match=r"rank 2: keras 3.15.1, tensorflow 2.18.1"):
+        rank_agreement.settle(1, proposals)
+    agreed = rank_agreement.settle(1, proposals[:2])
+    assert agreed.secret == "s3cret" and agreed.engines == (COLLECTIVE,)
+    for bad in ("", "[]", '{"engines": []}', "garbage"):
+        with pytest.raises(ValueError):
+            rank_agreement.check_proposal(bad, 1)
+    rank_agreement.check_proposal(proposals[0], 0)
 
 
 @pytest.mark.parametrize("environ, controller", [
@@ -105,5 +138,6 @@ def test_horovod_controller_from_the_launchers_environment(monkeypatch, environ,
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(runtime, "cluster", lambda: type("C", (), {"launcher": "tfdist-run"}))
+    monkeypatch.setattr(runtime, "cluster", lambda: type(
+        "C", (), {"launcher": "tfdist-run", "rank": 0, "world_size": 2}))
     assert runtime.horovod_controller() == controller

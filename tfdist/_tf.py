@@ -7,6 +7,8 @@ TensorFlow attributes tfdist replaces are replaced here (`replace`), only at
 the points `tfdist.private_surface.TF_REPLACEMENTS` declares.
 """
 
+import os
+
 from tensorflow.core.protobuf import cluster_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
 from tensorflow.python.data.ops import dataset_ops
@@ -22,6 +24,7 @@ from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.training.saving import saveable_object
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+from tfdist.env_vars import Foreign
 from tfdist.private_surface import TF_REPLACEMENTS
 
 OneDeviceStrategy = one_device_strategy.OneDeviceStrategy
@@ -78,6 +81,9 @@ def start_collective_server(worker_addresses, rank, leader_rank=0):
     for index, address in enumerate(worker_addresses):
         job.tasks[index] = address
     port = int(worker_addresses[rank].rsplit(":", 1)[1])
+    # Bind beside the launcher's (or this process's) reservation of the port, which holds it
+    # from its choice until now (`tfdist.comm.ports.PortReservation`).
+    os.environ.setdefault(Foreign.TF_GRPC_REUSE_PORT.name, "1")
     ctx = context.context()
     ctx.configure_collective_ops(
         collective_leader=f"/job:worker/replica:0/task:{leader_rank}",

@@ -97,6 +97,11 @@ TIMEOUT = _declare(
 PORT_BASE = _declare(
     "PORT_BASE", "int", "free ports", YOU,
     "tfdist-run `--port-base`: first of the consecutive ports its processes listen on.", _LAUNCH)
+PORT_RANGE = _declare(
+    "PORT_RANGE", "FIRST-LAST", "any free port", YOU,
+    "tfdist-run `--port-range`, and every process under any launcher: the ports tfdist's "
+    "processes listen on are taken from this range (a firewalled cluster opens it); tfdist-run "
+    "gives mpirun's out-of-band and TCP transports the same range.", _LAUNCH)
 HOROVOD = _declare(
     "HOROVOD", "flag or empty", "empty: when Horovod is installed", YOU,
     "tfdist-run `--horovod` (1) / `--no-horovod` (0): make the ranks a Horovod (Gloo) job, as "
@@ -180,6 +185,11 @@ RANK_VARIABLES = _declare(
     "RANK_VARIABLES", "comma-separated names", "", BY_LAUNCHER,
     "tfdist-run's MPI job (`tfdist.launch.mpi_job`): the variables whose value is the rank "
     "(TFDIST_RANK, Horovod's rank on Gloo, ...), set by each rank from mpirun's.", _LAUNCH)
+EXIT_REPORTS_DIR = _declare(
+    "EXIT_REPORTS_DIR", "path", "", BY_LAUNCHER,
+    "tfdist-run's MPI job (`tfdist.launch.mpi_job`): where each rank's wrapper leaves the exit "
+    "code of a rank that failed, so that tfdist-run sees the failure even while mpirun does "
+    "not end (its own start-up waits can be held by a stranger's connection).", _LAUNCH)
 JOINED_DIR = _declare(
     "JOINED_DIR", "path", "", BY_LAUNCHER,
     "Where each rank notes that it joined a multi-process tfdist strategy, so that tfdist-run "
@@ -192,6 +202,19 @@ HOST = _declare(
     "HOST", "host name", "the host name", YOU,
     "The name peers reach this process by, where addresses are swapped (horovodrun, mpirun, "
     "srun).", _CLUSTER)
+SECRET = _declare(
+    "SECRET", "any string (a long random one)", "tfdist-run: a new one per job", YOU,
+    "The job's secret, the same in every process: tfdist's own servers (srun's address store, "
+    "the MPI engine's liveness ports, parameter servers, the chief's save service) refuse "
+    "requests without it (`tfdist.process_setup.job_secret`). tfdist-run sets a new one per "
+    "job, mpirun jobs agree one through MPI; under other launchers give every process the same "
+    "value (`openssl rand -hex 32`), else tfdist's servers answer anyone.", _CLUSTER)
+NETWORK_INTERFACE = _declare(
+    "NETWORK_INTERFACE", "interface name", "the host name's address, else every interface", YOU,
+    "tfdist-run `--network-interface`, and every process under any launcher: in a job across "
+    "hosts, tfdist listens on this interface's address and tells its peers that address "
+    "(Horovod's `--network-interface`, Open MPI's `*_if_include`). A job on one host listens "
+    "on loopback.", _CLUSTER)
 RENDEZVOUS_HOST = _declare(
     "RENDEZVOUS_HOST", "host name", "the step's first host", YOU,
     "srun: the host of rank 0's address store, when rank 0 is not on the step's first node.",
@@ -313,6 +336,10 @@ class Foreign:  # pylint: disable=too-few-public-methods
     HOROVOD_GLOO_RENDEZVOUS_PORT = _foreign(
         "HOROVOD_GLOO_RENDEZVOUS_PORT", "horovodrun (Gloo), tfdist-run",
         "The rendezvous server's port.", _FROM_LAUNCHERS)
+    HOROVOD_GLOO_IFACE = _foreign(
+        "HOROVOD_GLOO_IFACE", "horovodrun (--network-interface)",
+        "The interface a Horovod job across hosts uses; tfdist listens there too.",
+        _FROM_LAUNCHERS)
     HOROVOD_CPU_OPERATIONS = _foreign("HOROVOD_CPU_OPERATIONS", "you, horovodrun",
                                       "`gloo`: Horovod's CPU operations run on Gloo.",
                                       _FROM_LAUNCHERS)
@@ -358,6 +385,10 @@ class Foreign:  # pylint: disable=too-few-public-methods
     CUDA_VISIBLE_DEVICES = _foreign("CUDA_VISIBLE_DEVICES", "you, the scheduler",
                                     "GPUs this process may use; GPU placement picks among them.",
                                     _FOR_ENGINES)
+    TF_GRPC_REUSE_PORT = _foreign(
+        "TF_GRPC_REUSE_PORT", "tfdist, unless you set it",
+        "TensorFlow's gRPC server binds its port with SO_REUSEPORT: beside the reservation that "
+        "held the port since it was chosen (`tfdist.comm.ports`).", _FOR_ENGINES)
     TF_CPP_MIN_LOG_LEVEL = _foreign("TF_CPP_MIN_LOG_LEVEL", "you; tfdist when unset",
                                     "TensorFlow's C++ log level: tfdist sets 1 (no start-up "
                                     "notices) unless you set it.", _FOR_ENGINES)

@@ -33,19 +33,24 @@ Engines:
 import atexit
 import contextlib
 import dataclasses
+import os
 import socket
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from absl import logging
 
+from tfdist import env_vars
 from tfdist.env_vars import Foreign
 from tfdist.process_setup import cluster as cluster_lib
+from tfdist.process_setup import job_secret
 from tfdist.process_setup import cpu_share, gpu_placement
 from tfdist.process_setup import quiet_output
 
 if TYPE_CHECKING:
     from tfdist.comm.base import Communicator
+    from tfdist.comm.ports import PortReservation
+    from tfdist.comm.rank_agreement import Agreement
 
 Closable = TypeVar("Closable")
 
@@ -56,6 +61,8 @@ _cluster: Optional[cluster_lib.Cluster] = None
 _communicators: Dict[str, "Communicator"] = {}
 _single_process: Optional["Communicator"] = None
 _closables: List[Any] = []  # closed by `shutdown`, last registered first
+_held_port: Optional["PortReservation"] = None  # this rank's swapped port, until its server binds
+_agreement: Optional["Agreement"] = None  # what the ranks agreed at start-up (`job_agreement`)
 _bound = threading.local()  # .communicator, .cluster: a thread bound by `use_communicator`
 
 
@@ -103,12 +110,13 @@ def cluster() -> cluster_lib.Cluster:
 def launched_with_horovod() -> bool:
     """True when Horovod knows this process's peers.
 
-    That is: started by horovodrun or tfdist-run with Horovod installed (Gloo), or by
-    mpirun (`horovodrun --mpi` runs mpirun) with a Horovod built with MPI.
+    That is: started by horovodrun or tfdist-run with Horovod installed (Gloo), or as one
+    MPI job (mpirun - `horovodrun --mpi` runs mpirun -, tfdist-run's mpirun, srun with PMIx)
+    with a Horovod built with MPI.
     """
     if Foreign.HOROVOD_RANK.is_set() and Foreign.HOROVOD_SIZE.is_set():
         return True
-    if cluster().launcher != "mpirun":
+    if not launched_as_mpi_job():
         return False
     from tfdist.comm.horovod import horovod_mpi_built
 
@@ -126,6 +134,106 @@ def launched_as_mpi_job() -> bool:
         return (Foreign.OMPI_COMM_WORLD_RANK.get() == str(spec.rank)
                 and Foreign.OMPI_COMM_WORLD_SIZE.get() == str(spec.world_size))
     return spec.launcher == "srun" and Foreign.PMIX_RANK.is_set()
+
+
+def job_agreement() -> "Agreement":
+    """What every rank of this job agreed at start-up (`tfdist.comm.rank_agreement`): the
+    engines all of them can run, and the job's secret. Settled once per process, through the
+    launcher's channel, the first time a strategy asks (every rank builds its strategy);
+    versions that differ across ranks fail here, naming the ranks."""
+    global _agreement
+    with _lock:
+        if _agreement is None:
+            _agreement = _agree()
+        return _agreement
+
+
+def _agree() -> "Agreement":
+    from tfdist.comm import rank_agreement
+
+    spec = cluster()
+    engines, missing = _engines_this_process_can_run()
+    channel = None if bound_to_communicator() or spec.world_size == 1 else _agreement_channel(spec)
+    if channel is None:  # one process, simulated ranks, or no choice to agree on
+        return rank_agreement.Agreement(engines, {}, None)
+    share_secret = (spec.rank == 0 and channel.carries_secrets
+                    and not env_vars.SECRET.get())
+    mine = rank_agreement.proposal(engines, missing, _versions(),
+                                   job_secret.new_secret() if share_secret else None)
+    agreement = rank_agreement.settle(spec.rank, channel(mine))
+    if agreement.secret and not env_vars.SECRET.get():
+        os.environ[env_vars.SECRET.name] = agreement.secret  # children inherit it too
+    return agreement
+
+
+def _engines_this_process_can_run() -> Tuple[Tuple[str, ...], Dict[str, str]]:
+    """(engines, {engine: why not}) for this process alone (`engine_choice`)."""
+    from tfdist.comm.horovod import horovod_available
+    from tfdist.process_setup import engine_choice
+
+    missing = {}
+    mpi_runs = False
+    spec = cluster()
+    if spec.world_size > 1 and launched_as_mpi_job():
+        from tfdist.comm.mpi import unavailable_reason
+
+        reason = unavailable_reason(spec)
+        mpi_runs = reason is None
+        if reason:
+            missing[engine_choice.MPI] = reason.splitlines()[0]
+    launched = spec.world_size > 1 and launched_with_horovod()
+    controller = horovod_controller() if launched and horovod_available() else None
+    if launched and controller is None:
+        missing[engine_choice.HOROVOD_GLOO] = "Horovod does not import here"
+    engines = engine_choice.available_engines(controller is not None, controller or "",
+                                              mpi_runs)
+    return engines, missing
+
+
+class _Channel:
+    """An all-gather of proposals through the launcher (`tfdist.comm.launcher_channel`)."""
+
+    def __init__(self, gather, carries_secrets):
+        self._gather = gather
+        self.carries_secrets = carries_secrets  # MPI: the launcher authenticated its ranks
+
+    def __call__(self, text):
+        return self._gather(text)
+
+
+def _agreement_channel(spec: cluster_lib.Cluster) -> Optional[_Channel]:
+    from tfdist.comm import launcher_channel
+    from tfdist.comm.rank_agreement import check_proposal
+
+    what = "the ranks' start-up agreement (engines, versions)"
+    if launched_as_mpi_job():
+        return _Channel(lambda text: launcher_channel.gather_through_mpi(
+            spec.rank, spec.world_size, text, spec.timeout, check_proposal, what), True)
+    address = Foreign.HOROVOD_GLOO_RENDEZVOUS_ADDR.get()
+    port = Foreign.HOROVOD_GLOO_RENDEZVOUS_PORT.get()
+    if address and port:  # horovodrun, tfdist-run with Horovod: Gloo's store
+        scope = f"tfdist-agreement-{env_vars.RESTART_COUNT.get() or 0}"
+        return _Channel(lambda text: launcher_channel.gather_through_store(
+            spec.rank, spec.world_size, text, spec.timeout, (address, port), scope,
+            check_proposal, what), False)
+    return None
+
+
+def _versions() -> Dict[str, str]:
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    return {"tfdist": tfdist.__version__, "tensorflow": tf.__version__,
+            "keras": keras.__version__}
+
+
+def mpi_engine_runs() -> bool:
+    """True when every rank of this job can run the MPI engine (`job_agreement`)."""
+    from tfdist.process_setup import engine_choice
+
+    return engine_choice.MPI in job_agreement().engines
 
 
 def horovod_controller() -> Optional[str]:
@@ -166,6 +274,7 @@ def communicator(engine: str = "collective",
                 _single_process = SingleProcessCommunicator()
             return _single_process
         if engine not in _communicators:
+            job_agreement()  # the ranks' versions and secret, before any engine starts
             if engine == "horovod":
                 _communicators[engine] = _start_horovod(spec, fusion_threshold_bytes)
             elif engine == "mpi":
@@ -240,13 +349,15 @@ def _start_mpi(spec: cluster_lib.Cluster) -> "Communicator":
             f"here by {spec.launcher}); use backend='collective' or change the launcher.")
     from tfdist.comm.mpi import MpiCommunicator
 
-    return MpiCommunicator(_with_worker_addresses(spec))  # each rank's liveness port
+    spec = _with_worker_addresses(spec)  # each rank's liveness port
+    return MpiCommunicator(spec, _take_held_port(spec))
 
 
 def _start_collective(spec: cluster_lib.Cluster) -> "Communicator":
     from tfdist.comm.tf_collective import CollectiveCommunicator
 
-    return CollectiveCommunicator(_with_worker_addresses(spec))
+    spec = _with_worker_addresses(spec)
+    return CollectiveCommunicator(spec, _take_held_port(spec))
 
 
 def _with_worker_addresses(spec: cluster_lib.Cluster) -> cluster_lib.Cluster:
@@ -260,17 +371,38 @@ def _with_worker_addresses(spec: cluster_lib.Cluster) -> cluster_lib.Cluster:
     return spec
 
 
+def _take_held_port(spec: cluster_lib.Cluster) -> "PortReservation":
+    """This rank's port of the job's worker addresses, held until its server binds it: the one
+    this process reserved for the address exchange, else a hold of its own beside the
+    launcher's (`tfdist.comm.ports`)."""
+    global _held_port
+    from tfdist.comm import ports
+
+    held, _held_port = _held_port, None
+    if held is not None:
+        return held
+    port = int(spec.worker_addresses[spec.rank].rsplit(":", 1)[1])
+    return ports.PortReservation(ports.listen_address(spec.on_one_host), port)
+
+
 def _exchange_addresses(spec: cluster_lib.Cluster) -> Tuple[str, ...]:
-    """Under horovodrun, mpirun and srun: pick a free port and swap "host:port" with every rank.
+    """Under horovodrun, mpirun and srun: hold a free port where this rank listens and swap
+    "host:port" with every rank.
 
-    The host is TFDIST_HOST if set, else the name the launcher gave this
-    slot (reachable by the peers: horovodrun's -H name, Slurm's node name),
-    else this machine's host name.
+    The host is loopback when every rank runs on this machine; else TFDIST_HOST if set, the
+    address of TFDIST_NETWORK_INTERFACE if named, else the name the launcher gave this slot
+    (reachable by the peers: horovodrun's -H name, Slurm's node name), else this machine's
+    host name (`tfdist.comm.ports.advertised_host`). The port comes from TFDIST_PORT_RANGE
+    when set, and stays held until this rank's server binds it (`_take_held_port`).
     """
+    global _held_port
+    from tfdist.comm import ports
     from tfdist.comm.address_exchange import exchange_worker_addresses
-    from tfdist.comm.ports import pick_ports
 
+    host = spec.host or socket.gethostname()
     if spec.launcher == "horovodrun":
         host = spec.host or Foreign.HOROVOD_HOSTNAME.get() or socket.gethostname()
-        spec = dataclasses.replace(spec, host=host)
-    return tuple(exchange_worker_addresses(spec, pick_ports(1, host="")[0]))
+    spec = dataclasses.replace(spec, host=ports.advertised_host(spec.on_one_host, host))
+    _held_port = ports.reserve_ports(1, ports.listen_address(spec.on_one_host, spec.host),
+                                     port_range=ports.job_port_range())[0]
+    return tuple(exchange_worker_addresses(spec, _held_port.port))

@@ -36,6 +36,7 @@ from tfdist.comm.base import Communicator, checked_scatter
 from tfdist.comm.liveness import PeerMonitor, ending_the_process
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
+from tfdist.process_setup import startup_deadline
 from tfdist.profiling import names
 
 _INSTALL_HINT = (
@@ -71,6 +72,11 @@ def horovod_mpi_built():
         return False
 
 
+# What can keep hvd.init() from returning, said when it times out.
+HOROVOD_INIT_CAUSES = (
+    "it waits for every rank in Gloo's rendezvous (the launcher's key-value store) or in "
+    "MPI's start-up; a rank that never starts, a rank that chose another engine, or a "
+    "store answering another job's ranks keeps it waiting")
 STALL_CHECK_SECONDS = 60  # Horovod's default HOROVOD_STALL_CHECK_TIME_SECONDS
 DEFAULT_CYCLE_TIME_MS = "0.1"  # unless HOROVOD_CYCLE_TIME (horovodrun --cycle-time-ms) is set
 
@@ -120,7 +126,9 @@ class HorovodCommunicator(Communicator):
                 os.environ[Foreign.HOROVOD_FUSION_THRESHOLD.name] = str(int(fusion_threshold_bytes))
             for name, value in defaults.items():
                 os.environ.setdefault(name, value)
-            hvd.init()
+            with startup_deadline.bounded("hvd.init() (Horovod's start-up)", self.timeout,
+                                          cluster.rank, HOROVOD_INIT_CAUSES):
+                hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if (self.rank, self.world_size) != (cluster.rank, cluster.world_size):
             raise ClusterError(

@@ -51,6 +51,8 @@ import time
 
 from absl import logging
 
+from tfdist.process_setup.cluster import validate_address
+
 PROBE_INTERVAL_SECONDS = 2.0
 PROBES_BEFORE_FAILING = 2
 PROBE_TIMEOUT_SECONDS = 2.0
@@ -85,22 +87,47 @@ def connection_refused(address, timeout=PROBE_TIMEOUT_SECONDS):
         return False
 
 
-def unreachable(address, timeout=PROBE_TIMEOUT_SECONDS):
-    """True if nothing answers on "host:port": the connection is refused, or not answered.
+REFUSED = "refused"
+SILENT = "silent"
+NO_ROUTE = "no route"
+# How each failed probe is said: a refused connection means the process is gone (its host
+# answers), silence or no route means the host or the link to it.
+PROBE_FAILURES = {
+    REFUSED: "its port refuses connections: the process has exited or died",
+    SILENT: "its host does not answer: the host is down or the network link to it is cut",
+    NO_ROUTE: "no route to its host: the host is down or the network link to it is cut",
+}
 
-    Stricter than `connection_refused`: a machine that is down or cut off does
-    not refuse connections, it stays silent. The kernel accepts connections for
-    a live process however busy that process is, so silence within `timeout`
-    means the host or the network, not a slow process.
+
+def probe_failure(address, timeout=PROBE_TIMEOUT_SECONDS):
+    """None if something accepts connections on "host:port", else how the probe failed:
+    `REFUSED`, `SILENT` (no answer within `timeout`) or `NO_ROUTE`.
+
+    The kernel accepts connections for a live process however busy that process is,
+    so silence within `timeout` means the host or the network, not a slow process.
+    A malformed address is a ValueError (addresses are checked where they arrive).
     """
     host, port = address.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
-            return False
-    except (ConnectionRefusedError, socket.timeout):
-        return True
+            return None
+    except ConnectionRefusedError:
+        return REFUSED
+    except socket.timeout:
+        return SILENT
     except OSError as e:
-        return e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+        if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
+            return NO_ROUTE
+        return None  # anything else (too many open files, ...) is no evidence
+
+
+def unreachable(address, timeout=PROBE_TIMEOUT_SECONDS):
+    """True if nothing answers on "host:port": the connection is refused, or not answered.
+
+    Stricter than `connection_refused`: a machine that is down or cut off does
+    not refuse connections, it stays silent.
+    """
+    return probe_failure(address, timeout) is not None
 
 
 class ProbeCounter:
@@ -109,19 +136,21 @@ class ProbeCounter:
     Args:
         addresses: "host:port" to probe, by index.
         probe: callable(address, timeout) -> True if the probe failed
-            (`unreachable` or `connection_refused`).
+            (`unreachable` or `connection_refused`), or how it failed (`probe_failure`).
     """
 
     def __init__(self, addresses, probe):
         self.addresses = tuple(addresses)
         self._probe = probe
         self._missed = [0] * len(self.addresses)
+        self.failures = [None] * len(self.addresses)  # how each address's last probe failed
 
     def probe(self, indices=None):
         """Probe `indices` (default: all) once; return the indices that are gone."""
         for index in range(len(self.addresses)) if indices is None else indices:
             failed = self._probe(self.addresses[index], PROBE_TIMEOUT_SECONDS)
             self._missed[index] = self._missed[index] + 1 if failed else 0
+            self.failures[index] = failed or None
         return [i for i, count in enumerate(self._missed) if count >= PROBES_BEFORE_FAILING]
 
 
@@ -138,6 +167,8 @@ class PeerMonitor:
     """
 
     def __init__(self, rank, addresses, timeout, on_failure):
+        for peer, address in enumerate(addresses):
+            validate_address(address, f"tfdist rank {rank}: the address of rank {peer}")
         self.rank = rank
         self.addresses = tuple(addresses)
         self.timeout = float(timeout)
@@ -177,8 +208,17 @@ class PeerMonitor:
 
     # ------------------------------------------------------------ thread
     def _run(self):
+        try:
+            self._watch()
+        except Exception as error:  # pylint: disable=broad-except
+            # A monitor that dies silently leaves every wait unbounded: say so, loudly.
+            logging.error("tfdist rank %d: the peer monitor stopped on an unexpected error "
+                          "(%s: %s); waits on the peers are no longer bounded by the "
+                          "timeout", self.rank, type(error).__name__, error)
+
+    def _watch(self):
         peers = [peer for peer in range(len(self.addresses)) if peer != self.rank]
-        probes = ProbeCounter(self.addresses, unreachable)
+        probes = ProbeCounter(self.addresses, probe_failure)
         gone_since = None
         while not self._stop.wait(PROBE_INTERVAL_SECONDS):
             if not threading.main_thread().is_alive():
@@ -190,7 +230,7 @@ class PeerMonitor:
                 continue
             gone_since = gone_since or time.monotonic()
             if self._waits or time.monotonic() - gone_since > self.timeout:
-                self._peer_gone(gone[0], waiting=bool(self._waits))
+                self._peer_gone(gone[0], probes.failures[gone[0]], waiting=bool(self._waits))
                 return
 
     def _check_waits(self):
@@ -205,19 +245,20 @@ class PeerMonitor:
                 return True
         return False
 
-    def _peer_gone(self, peer, waiting):
+    def _peer_gone(self, peer, failure, waiting):
         """Fail the collectives: `peer` is gone while this rank waits, or has been for long.
 
-        Gone for longer than the timeout with no registered wait, the peer is
-        not just finishing first: a call that waits on it without being
-        registered (a custom training loop's compiled step) would never return.
+        `failure`: how its last probe failed (`PROBE_FAILURES`). Gone for longer than
+        the timeout with no registered wait, the peer is not just finishing first: a call
+        that waits on it without being registered (a custom training loop's compiled
+        step) would never return.
         """
+        gone = "unreachable" if failure in (SILENT, NO_ROUTE) else "gone"
         message = (f"tfdist rank {self.rank}: peer rank {peer} ({self.addresses[peer]}) is "
-                   "gone (its port does not accept connections)")
+                   f"{gone} ({PROBE_FAILURES.get(failure, PROBE_FAILURES[REFUSED])})")
         if waiting:
             waits = "; ".join(sorted({d for d, _, _ in list(self._waits.values())}))
-            message += (f" while this rank was waiting for it ({waits}); it has exited or "
-                        "died")
+            message += f" while this rank was waiting for it ({waits})"
         else:
             message += f" since more than {self.timeout:g} s; no collective with it can complete"
         self._fail("unavailable", message, report=waiting)

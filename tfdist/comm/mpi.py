@@ -8,7 +8,8 @@ buffer - in place when TensorFlow can forward the input (a fused gradient bucket
 can), so the only copies are Open MPI's own, through its shared-memory transport
 between the processes of a host and its TCP or InfiniBand transports between hosts
 (`--mca btl` chooses; tfdist moves no bytes itself). MPI is initialized through
-mpi4py with MPI_THREAD_MULTIPLE and finalized by it at exit.
+mpi4py with MPI_THREAD_MULTIPLE, within the job timeout (`tfdist.comm.mpi_init`), and
+finalized by it at exit.
 
 Cost (measured, `benchmarks/results/engine_curves.json`): the all-reduce of n bytes
 over P processes is Open MPI's: on one host, its shared-memory algorithms
@@ -47,26 +48,18 @@ from absl import logging
 from tfdist.comm import mpi_kernels
 from tfdist.comm.base import Communicator, checked_scatter
 from tfdist.comm.liveness import PeerMonitor, ending_the_process
+from tfdist.comm.mpi_init import initialized_mpi
 from tfdist.errors import ClusterError
+from tfdist.process_setup.cluster import Cluster
 
 
-def import_mpi():
-    """mpi4py's `MPI` (initializing MPI, thread level "multiple"), or an ImportError saying
-    how to get it."""
+def unavailable_reason(cluster=None):
+    """None when this process can run the MPI engine (mpi4py imports and MPI initializes, the
+    ops build and load), else why not. `cluster`: this process's, whose timeout bounds
+    MPI's start-up (default: a single process's)."""
+    cluster = cluster or Cluster()
     try:
-        from mpi4py import MPI  # pylint: disable=import-outside-toplevel
-    except ImportError as e:
-        raise ImportError(f"tfdist: the MPI engine needs mpi4py and an MPI library ({e}): "
-                          "pip install \"tfdist[mpi]\" with Open MPI installed, or `make "
-                          "install` in a clone of tfdist") from e
-    return MPI
-
-
-def unavailable_reason():
-    """None when this process can run the MPI engine (mpi4py imports, the ops build and load),
-    else why not."""
-    try:
-        import_mpi()
+        initialized_mpi(cluster.rank, cluster.timeout)
     except ImportError as error:
         return str(error)
     return mpi_kernels.unavailable_reason()
@@ -74,11 +67,15 @@ def unavailable_reason():
 
 class _LivenessPort:
     """A listening socket on this rank's port that accepts and closes every connection: what
-    tells a peer's `PeerMonitor` that this process is still there (no data is exchanged)."""
+    tells a peer's `PeerMonitor` that this process is still there (no data is exchanged).
 
-    def __init__(self, address):
-        port = int(address.rsplit(":", 1)[1])
-        self._socket = socket.create_server(("", port), reuse_port=False)
+    Args:
+        held: the `tfdist.comm.ports.PortReservation` of this rank's port (bound where the
+            job's peers are: loopback for a job on one host).
+    """
+
+    def __init__(self, held):
+        self._socket = held.listening_socket()
         self._thread = threading.Thread(target=self._accept, daemon=True,
                                         name="tfdist-mpi-liveness")
         self._thread.start()
@@ -111,6 +108,8 @@ class MpiCommunicator(Communicator):
 
     Args:
         cluster: this process's `tfdist.process_setup.cluster.Cluster`.
+        held_port: the `tfdist.comm.ports.PortReservation` of this rank's port of
+            `cluster.worker_addresses`, where its liveness port listens.
     """
 
     engine = "mpi"
@@ -120,8 +119,8 @@ class MpiCommunicator(Communicator):
     # the 23 MB all-reduce of the same run: 4.9 ms): `Communicator.small_all_reduce_is_cheap`.
     small_all_reduce_is_cheap = True
 
-    def __init__(self, cluster):
-        mpi = import_mpi()
+    def __init__(self, cluster, held_port):
+        mpi = initialized_mpi(cluster.rank, cluster.timeout)
         self._ops = mpi_kernels.ops()
         self.timeout = float(cluster.timeout)
         world = mpi.COMM_WORLD
@@ -138,7 +137,7 @@ class MpiCommunicator(Communicator):
                 f"{mpi.Query_thread()}; the MPI engine calls it from TensorFlow's threads and "
                 "needs MPI_THREAD_SERIALIZED or more (do not set mpi4py.rc.thread_level lower)")
         self.transport = "mpi"
-        self._listener = _LivenessPort(cluster.worker_addresses[self.rank])
+        self._listener = _LivenessPort(held_port)
         self._monitor = PeerMonitor(self.rank, cluster.worker_addresses, self.timeout,
                                     ending_the_process("MPI"))
         logging.info("tfdist rank %d: MPI engine on %s", self.rank,

@@ -136,13 +136,17 @@ class CollectiveCommunicator(Communicator):
 
     Create at most one per process (see `tfdist.runtime`): it starts this
     process's TensorFlow server, waits up to `cluster.timeout` seconds for
-    every peer, and then keeps watching them.
+    every peer, and then keeps watching them. `held_port`: the
+    `tfdist.comm.ports.PortReservation` that held this rank's port until the
+    server binds it. TensorFlow's server listens on every interface (its
+    `GrpcServer` binds "0.0.0.0", whatever the address) and authenticates no
+    one: the Security page of the docs says how to isolate such a job.
     """
 
     engine = "collective"
     supports_point_to_point = True
 
-    def __init__(self, cluster, implementation="auto"):
+    def __init__(self, cluster, held_port=None, implementation="auto"):
         self.rank = cluster.rank
         self.world_size = cluster.world_size
         self.addresses = tuple(cluster.worker_addresses)
@@ -156,7 +160,11 @@ class CollectiveCommunicator(Communicator):
                 f"tfdist rank {self.rank}: {len(self.addresses)} worker addresses for "
                 f"{self.world_size} processes; cannot form the group."
             )
-        self._start_server()
+        try:
+            self._start_server()
+        finally:
+            if held_port is not None:  # TensorFlow's server now holds the port itself
+                held_port.release()
         self._rendezvous()
         self._monitor = PeerMonitor(self.rank, self.addresses, self.timeout, self._abort)
         explain_uncaught(self._explain_failure)

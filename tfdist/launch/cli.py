@@ -50,14 +50,18 @@ from tfdist.env_vars import Foreign
 from tfdist import env_vars
 from tfdist.fault_tolerance import restarts
 from tfdist.process_setup import cluster as cluster_lib
-from tfdist.process_setup import joined_strategy
+from tfdist.process_setup import job_secret, joined_strategy
 from tfdist.comm import ports as ports_lib
-from tfdist.launch import elastic_job, gloo_rendezvous_server, mpi_job, processes
+from tfdist.launch import (elastic_job, gloo_rendezvous_server, listening_sockets, mpi_job,
+                           processes)
 from tfdist.launch.output_filter import OutputFilter
 from tfdist.profiling import names as profiling_names
 from tfdist.profiling import timeline
 
-HOST = "127.0.0.1"
+HOST = ports_lib.LOOPBACK  # every process of a tfdist-run job runs on this machine
+# The secret of the jobs this launcher starts (`tfdist.process_setup.job_secret`): one per
+# launcher, so that restarts and elastic resizes keep it; TFDIST_SECRET, when set, is kept.
+JOB_SECRET = job_secret.new_secret()
 
 
 def build_parser():
@@ -85,6 +89,17 @@ def build_parser():
         help=f"first of the consecutive ports to use (env {env_vars.PORT_BASE}; default: free "
              "ports)",
     )
+    parser.add_argument(
+        "--port-range", metavar="FIRST-LAST", default=env_vars.PORT_RANGE.get(),
+        help="take every port the job listens on from this range (a firewalled cluster): the "
+             "processes' ports, and mpirun's out-of-band and TCP transports (env "
+             f"{env_vars.PORT_RANGE}; default: any free port)")
+    parser.add_argument(
+        "--network-interface", metavar="NAME", default=env_vars.NETWORK_INTERFACE.get(),
+        help="in a job across hosts, listen and reach peers on this interface, as "
+             "horovodrun's --network-interface (env "
+             f"{env_vars.NETWORK_INTERFACE}; default: the host name's address). A job on "
+             "this machine alone listens on loopback")
     horovod = parser.add_mutually_exclusive_group()
     horovod.add_argument(
         "--horovod", action="store_true", default=None,
@@ -109,8 +124,8 @@ def build_parser():
     parser.add_argument(
         "--verbose", action="store_true",
         default=env_vars.VERBOSE.flag(),
-        help="show TensorFlow's start-up notices and every rank's copy of a warning "
-             f"(env {env_vars.VERBOSE}=1)",
+        help="show TensorFlow's start-up notices and every rank's copy of a warning, and list "
+             f"every socket the job's processes listen on (env {env_vars.VERBOSE}=1)",
     )
     parser.add_argument(
         "--keep-going", action="store_true",
@@ -185,6 +200,17 @@ def validate(args, parser):
         args.command = args.command[1:]
     if not args.command:
         parser.error("no command given (e.g. tfdist-run -np 2 python train.py)")
+    try:
+        ports_lib.parse_port_range(args.port_range)
+    except ValueError as error:
+        parser.error(f"--port-range: {error}")
+    if args.port_range and args.port_base is not None:
+        parser.error("--port-range and --port-base cannot go together: give one")
+    if args.network_interface:
+        try:
+            ports_lib.interface_address(args.network_interface)
+        except ValueError as error:
+            parser.error(f"--network-interface: {error}")
     if args.mpi and args.keep_going:
         parser.error("--mpi cannot go with --keep-going: mpirun ends every rank when one fails")
     if args.mpi and mpi_job.unavailable_reason():
@@ -317,39 +343,46 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
     the processes run (`ProcessGroup.wait`)."""
     num_proc = num_proc or args.num_proc
     try:
-        port_list = ports_lib.pick_ports(num_proc + args.num_servers, args.port_base, HOST)
+        held_ports = ports_lib.reserve_ports(num_proc + args.num_servers, HOST, args.port_base,
+                                             ports_lib.parse_port_range(args.port_range))
     except OSError as e:
         print(f"tfdist-run: {e}", file=sys.stderr)
         return 1, None
     group = processes.ProcessGroup(output_filter=OutputFilter(enabled=not args.verbose))
     group.forward_signals()
-    envs = job_environments(num_proc, args.num_servers, args.timeout, port_list, os.environ)
+    envs = job_environments(num_proc, args.num_servers, args.timeout,
+                            [held.port for held in held_ports], os.environ)
     for _, env in envs:
         env[env_vars.RESTART_COUNT.name] = str(restart)
+        env.setdefault(env_vars.SECRET.name, JOB_SECRET)
+        if args.port_range:
+            env[env_vars.PORT_RANGE.name] = args.port_range
+        if args.network_interface:
+            env[env_vars.NETWORK_INTERFACE.name] = args.network_interface
         env.update(extra_env or {})
         if args.profile:
             env[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
             env[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps
-    horovod = horovod_wanted(args)
-    if horovod is not False:
-        try:
-            _, horovod_envs = gloo_rendezvous_server.start(num_proc, HOST)
-        except RuntimeError as e:
-            if horovod:  # asked for; by default, a job without Horovod
-                print(f"tfdist-run: {e}", file=sys.stderr)
-                return 1, None
-            horovod_envs = [{} for _ in envs]
-        for (_, env), extra in zip(envs, horovod_envs):
-            env.update(extra)
-    joined_dir = tempfile.mkdtemp(prefix="tfdist-joined-")
+    use_mpi = mpi_wanted(args)
+    job_dir = tempfile.mkdtemp(prefix="tfdist-job-")
+    store = None
     try:
+        store, code = _start_gloo_rendezvous(args, num_proc, envs, use_mpi)
+        if code:
+            return code, None
+        joined_dir, exits_dir = os.path.join(job_dir, "joined"), os.path.join(job_dir, "exits")
+        os.mkdir(joined_dir)
+        os.mkdir(exits_dir)
         for _, env in envs:
             env[env_vars.JOINED_DIR.name] = joined_dir
         try:
-            if mpi_wanted(args):
+            if use_mpi:
+                rank_envs = [dict(env, **{env_vars.EXIT_REPORTS_DIR.name: exits_dir})
+                             for _, env in envs[:num_proc]]
                 group.start(mpi_job.LABEL, mpi_job.command(num_proc, args.command),
-                            mpi_job.environment([env for _, env in envs[:num_proc]]),
-                            split_label=mpi_job.split_label)
+                            mpi_job.environment(rank_envs, args.port_range),
+                            split_label=mpi_job.split_label,
+                            reported_failures=lambda: mpi_job.rank_failures(exits_dir))
                 workers = [mpi_job.LABEL]
             else:
                 for label, env in envs[:num_proc]:
@@ -361,14 +394,46 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
             print(f"tfdist-run: cannot start {args.command[0]!r}: {e}", file=sys.stderr)
             group.terminate_all()
             return 127, None
-        code = group.wait(workers=workers,
-                          keep_going=args.keep_going, on_poll=on_poll)
+        watchers = [on_poll] if on_poll else []
+        watchers.append(joined_strategy.EarlyNotice(joined_dir, num_proc, _say))
+        if args.verbose:
+            watchers.append(listening_sockets.SocketReport(os.getpid(), _say))
+        code = group.wait(workers=workers, keep_going=args.keep_going,
+                          on_poll=lambda: [watch() for watch in watchers])
         if code == 0 and num_proc > 1 and not joined_strategy.any_joined(joined_dir):
-            print(joined_strategy.independent_processes_notice(num_proc), file=sys.stderr,
-                  flush=True)
+            _say(joined_strategy.independent_processes_notice(num_proc))
         return code, group
     finally:
-        shutil.rmtree(joined_dir, ignore_errors=True)
+        if store is not None:
+            store.shutdown()
+            store.server_close()
+        for held in held_ports:
+            held.release()
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _say(line):
+    print(f"tfdist-run: {line}", file=sys.stderr, flush=True)
+
+
+def _start_gloo_rendezvous(args, num_proc, envs, use_mpi):
+    """(Horovod's Gloo rendezvous server or None, exit code or 0): started on loopback when the
+    job may run Horovod on Gloo - Horovod installed (or `--horovod`), and not an MPI job whose
+    Horovod runs on MPI - its environment added to the ranks'."""
+    horovod = horovod_wanted(args)
+    if horovod is False or (horovod is None and use_mpi
+                            and gloo_rendezvous_server.built_with_mpi()):
+        return None, 0
+    try:
+        store, horovod_envs = gloo_rendezvous_server.start(num_proc, HOST)
+    except RuntimeError as e:
+        if horovod:  # asked for; by default, a job without Horovod
+            print(f"tfdist-run: {e}", file=sys.stderr)
+            return None, 1
+        return None, 0
+    for (_, env), extra in zip(envs, horovod_envs):
+        env.update(extra)
+    return store, 0
 
 
 def merge_timeline(log_dir, steps):

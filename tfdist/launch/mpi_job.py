@@ -45,6 +45,12 @@ LABEL = "mpirun"
 # A value the user set is kept.
 PMIX_SECURITY = env_vars.Foreign.PMIX_MCA_PSEC.name
 LOCAL_SECURITY = "native"
+# Open MPI's transports for a job on one host: shared memory between the ranks (vader) and
+# to itself (self) - no TCP transport, which would listen on every interface. Open MPI 4's
+# mpirun still listens for its daemons on every interface (its out-of-band channel binds
+# INADDR_ANY and [::] whatever `oob_tcp_if_include` says, which only chooses the addresses
+# it advertises); its PMIx server listens on loopback. The docs' Security page lists them.
+ONE_HOST_SETTINGS = {"OMPI_MCA_btl": "self,vader"}
 _TAG = re.compile(r"^\[tfdist-rank (\d+)\] ")  # `tfdist.launch.mpi_rank.TAG`
 _EXIT = re.compile(r"^\[tfdist-rank (\d+) exited (\d+)\]\s*$")  # `mpi_rank.EXIT`
 
@@ -90,13 +96,15 @@ def command(num_proc: int, user_command: List[str]) -> List[str]:
             sys.executable, "-m", "tfdist.launch.mpi_rank", *user_command]
 
 
-def environment(rank_envs: List[dict]) -> dict:
+def environment(rank_envs: List[dict], port_range: Optional[str] = None) -> dict:
     """The environment mpirun starts every rank with, from each rank's (`rank_envs`, rank
     order): what they share, and in `env_vars.RANK_VARIABLES` the names of those whose value
     is the rank (tfdist-run's, Horovod's on Gloo), which `mpi_rank` sets from mpirun's rank.
     A variable that differs across ranks in any other way cannot be given by one mpirun: a
     ValueError names it. PMIx authenticates the ranks by user id (`PMIX_SECURITY`) unless
-    the ranks' environment says otherwise."""
+    the ranks' environment says otherwise; Open MPI's settings for a job on one host
+    (`ONE_HOST_SETTINGS`) and for `port_range` ("FIRST-LAST") are added where the ranks'
+    environment sets none of its own."""
     common = dict(rank_envs[0])
     per_rank = []
     for name in sorted(set().union(*rank_envs)):
@@ -110,7 +118,38 @@ def environment(rank_envs: List[dict]) -> dict:
         common.pop(name, None)
     common[env_vars.RANK_VARIABLES.name] = ",".join(per_rank)
     common.setdefault(PMIX_SECURITY, LOCAL_SECURITY)
+    for name, value in {**ONE_HOST_SETTINGS, **port_range_settings(port_range)}.items():
+        common.setdefault(name, value)
     return common
+
+
+def port_range_settings(port_range: Optional[str]) -> dict:
+    """Open MPI's settings that keep its listening ports in `port_range` ("FIRST-LAST"): its
+    out-of-band channel's (mpirun's daemons) and its TCP transport's."""
+    if not port_range:
+        return {}
+    first, last = (int(part) for part in port_range.split("-", 1))
+    return {"OMPI_MCA_oob_tcp_dynamic_ipv4_ports": f"{first}-{last}",
+            "OMPI_MCA_btl_tcp_port_min_v4": str(first),
+            "OMPI_MCA_btl_tcp_port_range_v4": str(last - first + 1)}
+
+
+def rank_failures(directory: str) -> List[Tuple[str, int]]:
+    """[(rank label, exit code)] of the ranks whose wrapper reported a failure in `directory`
+    (`mpi_rank.report_exit`), in rank order: tfdist-run stops the job on the first even while
+    mpirun has not ended."""
+    failures = []
+    try:
+        names = [name for name in os.listdir(directory) if name.isdigit()]
+    except OSError:
+        return []
+    for name in sorted(names, key=int):
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                failures.append((name, int(f.read().strip())))
+        except (OSError, ValueError):
+            continue
+    return failures
 
 
 def split_label(line: str) -> Tuple[Optional[str], Optional[str]]:

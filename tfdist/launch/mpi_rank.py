@@ -12,7 +12,9 @@ The child's output is relayed whole line by whole line, each prefixed `[tfdist-r
 (`TAG`), which tfdist-run turns into its rank label: mpirun's own `--tag-output` tags
 every write, not every line, and splits a traceback into fragments. SIGINT and SIGTERM
 are passed to the child; the exit code is the child's, and a failing rank's last line says it
-(`EXIT`), so that tfdist-run names the rank whose failure ended the job.
+(`EXIT`), so that tfdist-run names the rank whose failure ended the job; the code is also
+left in tfdist-run's `TFDIST_EXIT_REPORTS_DIR` (`report_exit`), read even while mpirun
+does not end.
 """
 
 import ctypes
@@ -67,9 +69,24 @@ def main(argv=None) -> int:
     code = child.wait()
     code = 128 - code if code < 0 else code
     if code != 0:
+        report_exit(rank, code)
         out.write(EXIT.format(rank=rank, code=code).encode() + b"\n")
         out.flush()
     return code
+
+
+def report_exit(rank, code):
+    """Leave the failed rank's exit code where tfdist-run looks (`mpi_job.rank_failures`):
+    mpirun, which relays the `EXIT` line, may itself be held and not end."""
+    directory = env_vars.EXIT_REPORTS_DIR.get()
+    if not directory:
+        return
+    try:
+        with open(os.path.join(directory, f".rank-{rank}"), "w", encoding="utf-8") as f:
+            f.write(str(code))
+        os.replace(os.path.join(directory, f".rank-{rank}"), os.path.join(directory, rank))
+    except OSError:  # the launcher's directory is gone: the job is ending anyway
+        pass
 
 
 if __name__ == "__main__":

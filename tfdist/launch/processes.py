@@ -24,7 +24,8 @@ TERMINATE_GRACE_SECONDS = 10.0
 class ManagedProcess:
     """One child process whose output is relayed line by line with a label."""
 
-    def __init__(self, label, command, env, output=None, output_filter=None, split_label=None):
+    def __init__(self, label, command, env, output=None, output_filter=None, split_label=None,
+                 reported_failures=None):
         self.label = label
         self._output = output or sys.stdout
         self._filter = output_filter or OutputFilter(enabled=False)
@@ -34,6 +35,10 @@ class ManagedProcess:
         # (label, None) reports that rank's failure
         self._split_label = split_label
         self.failed_label = None  # the first rank this process reported failing
+        # () -> [(rank label, exit code)] of its ranks that failed, read beside the process
+        # (mpirun's ranks leave exit reports: `mpi_job.rank_failures`), so that a rank's
+        # failure is seen even while the process relaying it does not end
+        self._reported_failures = reported_failures
         self.popen = subprocess.Popen(
             command,
             env=env,
@@ -77,6 +82,17 @@ class ManagedProcess:
     def poll(self):
         return self.popen.poll()
 
+    def failure(self):
+        """The exit code (Popen's) that fails the job: this process's own non-zero one, or one
+        of its ranks reported beside it (`reported_failures`), else None."""
+        code = self.popen.poll()
+        if code is not None and code != 0:
+            return code
+        for label, reported in (self._reported_failures or list)():
+            self.failed_label = self.failed_label or label
+            return reported
+        return None
+
     def signal_group(self, signum):
         try:
             os.killpg(self.popen.pid, signum)
@@ -112,10 +128,11 @@ class ProcessGroup:
         """The SIGINT/SIGTERM the launcher received and relayed (None if it received none)."""
         return self._stop_signal
 
-    def start(self, label, command, env, split_label=None):
+    def start(self, label, command, env, split_label=None, reported_failures=None):
         self.processes.append(ManagedProcess(label, command, env,
                                              output_filter=self._output_filter,
-                                             split_label=split_label))
+                                             split_label=split_label,
+                                             reported_failures=reported_failures))
 
     def forward_signals(self):
         """Relay SIGINT/SIGTERM to every worker instead of dying silently.
@@ -152,14 +169,13 @@ class ProcessGroup:
         workers = set(workers)
         first_failure, tolerated = None, set()
         while True:
-            failed = None
+            failed = failed_code = None
             for proc in self.processes:
-                code = proc.poll()
-                if code is not None and code != 0 and failed is None \
-                        and proc.label not in tolerated:
-                    failed = proc
+                code = proc.failure()
+                if code is not None and failed is None and proc.label not in tolerated:
+                    failed, failed_code = proc, code
             if failed is not None:
-                code = exit_code_of(failed.poll())
+                code = exit_code_of(failed_code)
                 if failed.failed_label is None and failed.relays_ranks:
                     failed.finish_relay()  # its ranks' exit reports are in the last lines
                 label = failed.failed_label or failed.label

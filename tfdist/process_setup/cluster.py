@@ -136,6 +136,12 @@ class Cluster:
     def is_server(self):
         return self.role == ROLE_SERVER
 
+    @property
+    def on_one_host(self):
+        """Every process of the job (servers too) runs on this machine, as the launcher says:
+        such a job listens on loopback only (`tfdist.comm.ports.listen_address`)."""
+        return self.local_size >= self.world_size + len(self.server_addresses)
+
 
 def discover(environ=None):
     """Describe this process's cluster from the environment (see module doc)."""
@@ -178,20 +184,44 @@ def _host(address):
 
 
 def _tasks_beside(found):
-    """TF_CONFIG: the addresses of the cluster's tasks on this task's host (its host name),
-    workers in rank order, then servers: a worker's index among them is its local rank."""
-    host = _host(_my_address(found))
+    """TF_CONFIG: the addresses of the cluster's tasks on this task's host, workers in rank
+    order, then servers: a worker's index among them is its local rank. Hosts are compared
+    by the address they resolve to ("node0" and 10.88.0.1 are one host when node0 resolves
+    to it), by name where a name does not resolve."""
+    resolved = {}
+
+    def machine(address):
+        host = _host(address)
+        if host not in resolved:
+            resolved[host] = _resolved_host(host)
+        return resolved[host]
+
+    mine = machine(_my_address(found))
     return [address for address in found.worker_addresses + found.server_addresses
-            if _host(address) == host]
+            if machine(address) == mine]
+
+
+def _resolved_host(host):
+    """`host`'s IPv4 address (any loopback address as one: 127.0.0.1), or `host` itself when it
+    does not resolve."""
+    import socket  # pylint: disable=import-outside-toplevel
+
+    try:
+        ip = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError, UnicodeError):
+        return host
+    return "127.0.0.1" if ip.startswith("127.") else ip
 
 
 def workers_on_this_host(found):
-    """How many training processes share this worker's host name, where the addresses are
-    known at discovery (tfdist-run, TF_CONFIG, Kubernetes); None where they are not."""
+    """How many training processes share this worker's host (compared by resolved address,
+    as `_tasks_beside`), where the addresses are known at discovery (tfdist-run, TF_CONFIG,
+    Kubernetes); None where they are not."""
     if not found.worker_addresses or found.is_server:
         return None
-    host = _host(found.worker_addresses[found.rank])
-    return sum(_host(address) == host for address in found.worker_addresses)
+    hosts = {host: _resolved_host(host) for host in {_host(a) for a in found.worker_addresses}}
+    mine = hosts[_host(found.worker_addresses[found.rank])]
+    return sum(hosts[_host(address)] == mine for address in found.worker_addresses)
 
 
 def _srun_tasks_on_this_node(environ):

@@ -108,7 +108,10 @@ class ParameterServerStrategy(DataParallelStrategy):
         self.colocated = not dedicated
         self.piece_bytes = piece_bytes
         self._asynchronous_updates = AsynchronousUpdates(staleness) if mode == "async" else None
-        super().__init__(self._make_aggregator, engine="collective", compression=compression,
+        # The workers' own collectives (broadcasts, metrics, barriers): Open MPI's in an MPI
+        # job (no TensorFlow server listening on every interface), else TensorFlow's.
+        engine = "mpi" if runtime.mpi_engine_runs() else "collective"
+        super().__init__(self._make_aggregator, engine=engine, compression=compression,
                          optimizer_state=optimizer_state, updates=self._asynchronous_updates)
 
     def _make_aggregator(self, communicator):

@@ -7,7 +7,6 @@ from tfdist import env_vars, runtime
 from tfdist.process_setup import engine_choice
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
-from tfdist.comm.horovod import horovod_available
 from tfdist.comm.tf_collective import check_implementation
 from tfdist.strategies.data_parallel import DataParallelStrategy
 from tfdist.strategies import modes
@@ -19,36 +18,31 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     """(backend, why) for `backend`; why is None unless "auto" chose among engines (or, with
     TFDIST_VERBOSE=1, there are faster ones this job cannot run).
 
-    "auto" is the fastest engine the job can run at buckets of `bucket_bytes`
-    (`tfdist.process_setup.engine_choice`): Open MPI's own collectives when the processes
-    are one MPI job (tfdist-run with Open MPI installed, mpirun, srun with PMIx); else
-    Horovod on MPI or Gloo when its launcher gave Horovod the peers (horovodrun, tfdist-run
-    with Horovod installed) and it is importable; otherwise TensorFlow's collectives.
+    "auto" is the fastest engine every rank of the job can run at buckets of `bucket_bytes`
+    (`tfdist.process_setup.engine_choice`), as the ranks agreed at start-up
+    (`runtime.job_agreement`): Open MPI's own collectives when the processes are one MPI
+    job (tfdist-run with Open MPI installed, mpirun, srun with PMIx) and every rank's ops
+    load; else Horovod on MPI or Gloo when its launcher gave Horovod the peers (horovodrun,
+    tfdist-run with Horovod installed) and it imports on every rank; otherwise TensorFlow's
+    collectives. An engine a faster choice would have been, which some rank cannot run, is
+    named with that rank and its reason.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}. Got: {backend!r}")
     if backend != "auto":
         return backend, None
-    controller = runtime.horovod_controller() if horovod_available() else None
-    available = engine_choice.available_engines(controller is not None, controller or "",
-                                                mpi_engine_runs())
+    agreement = runtime.job_agreement()
+    available = agreement.engines
     engine, why = engine_choice.choose(available, bucket_bytes)
     reasons = [why] if len(available) > 1 else []  # one engine: nothing was chosen
+    chosen = engine_choice.relative_time(engine, bucket_bytes)
+    reasons += [f"not {left}: {because}" for left, because in agreement.left_out.items()
+                if engine_choice.relative_time(left, bucket_bytes) < chosen]
     faster = engine_choice.faster_engines(available, bucket_bytes)
     if faster and env_vars.VERBOSE.flag():
         reasons.append(f"faster: {faster}")
     return (engine_choice.backend_of(engine),
             "backend 'auto': " + "; ".join(reasons) if reasons else None)
-
-
-def mpi_engine_runs():
-    """True when this job can run the MPI engine: its processes are one MPI job and the
-    engine's ops build and load here (`tfdist.comm.mpi.unavailable_reason`)."""
-    if runtime.cluster().world_size == 1 or not runtime.launched_as_mpi_job():
-        return False
-    from tfdist.comm.mpi import unavailable_reason  # pylint: disable=import-outside-toplevel
-
-    return unavailable_reason() is None
 
 
 class RingAllReduceStrategy(DataParallelStrategy):

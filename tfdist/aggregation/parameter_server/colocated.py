@@ -17,7 +17,7 @@ import sys
 from tfdist.env_vars import Foreign
 from tfdist import env_vars
 from tfdist.process_setup.child_processes import die_with_parent
-from tfdist.comm.ports import pick_ports
+from tfdist.comm import ports
 
 
 class ColocatedServer:
@@ -30,7 +30,10 @@ class ColocatedServer:
 
     def __init__(self, cluster, communicator):
         host = cluster.worker_addresses[cluster.rank].rsplit(":", 1)[0]
-        address = f"{host}:{pick_ports(1, host='')[0]}"
+        listen = ports.listen_address(cluster.on_one_host, host)
+        # held until the job ends: the server binds beside it (gRPC sets SO_REUSEPORT)
+        self._held_port = ports.reserve_ports(1, listen, port_range=ports.job_port_range())[0]
+        address = f"{host}:{self._held_port.port}"
         name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith((env_vars.PREFIX, "HOROVOD_"))}
@@ -39,7 +42,7 @@ class ColocatedServer:
         self.timeout = cluster.timeout
         self.process = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-m", "tfdist.server", "--address", address, "--name", name,
-             "--num-workers", str(cluster.world_size), "--worker-addresses",
+             "--listen", listen, "--num-workers", str(cluster.world_size), "--worker-addresses",
              ",".join(cluster.worker_addresses), "--timeout", str(cluster.timeout)],
             env=env, preexec_fn=die_with_parent)
         self.addresses = communicator.all_gather_strings(address)
@@ -51,6 +54,8 @@ class ColocatedServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        finally:
+            self._held_port.release()
 
     def __enter__(self):
         return self

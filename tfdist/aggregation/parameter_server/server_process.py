@@ -15,7 +15,10 @@ Co-located servers (no dedicated ones in the cluster) are started by each
 worker as a child process with explicit arguments:
 
     python -m tfdist.server --address HOST:PORT --name NAME --num-workers P
-                            [--worker-addresses A,B,...] [--timeout S]
+                            [--listen IP] [--worker-addresses A,B,...] [--timeout S]
+
+It listens where the job's peers are (`tfdist.comm.ports.listen_address`: loopback when
+every process runs on this machine) on the port of its address.
 """
 
 import argparse
@@ -24,6 +27,7 @@ import sys
 
 from absl import logging
 
+from tfdist.comm import ports
 from tfdist.process_setup import cluster as cluster_lib
 from tfdist.errors import ClusterError
 
@@ -38,11 +42,12 @@ class ServerOutcome:
     teardown_safe: bool = True
 
 
-def serve(address, num_workers, name, timeout, worker_addresses):
-    """Run one shard server until it is done; return its `ServerOutcome`."""
+def serve(address, num_workers, name, timeout, worker_addresses, listen):
+    """Run one shard server at `address` (listening on `listen`: an IP, or "" for every
+    interface) until it is done; return its `ServerOutcome`."""
     from tfdist.aggregation.parameter_server.shard_server import ShardServer
 
-    server = ShardServer(address, num_workers, name, timeout, worker_addresses)
+    server = ShardServer(address, num_workers, name, timeout, worker_addresses, listen)
     code = server.serve()
     if code:
         print(server.error, file=sys.stderr, flush=True)
@@ -60,8 +65,9 @@ def run_server(cluster):
             "`tfdist-run --num-servers K`, or as a TF_CONFIG 'ps' task)."
         )
     address = cluster.server_addresses[cluster.server_index]
+    listen = ports.listen_address(cluster.on_one_host, address.rsplit(":", 1)[0])
     return serve(address, cluster.world_size, f"parameter server {cluster.server_index} "
-                 f"({address})", cluster.timeout, cluster.worker_addresses)
+                 f"({address})", cluster.timeout, cluster.worker_addresses, listen)
 
 
 def main(argv=None):
@@ -70,6 +76,8 @@ def main(argv=None):
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--address", help="host:port to serve on (co-located server)")
     parser.add_argument("--name", default=None, help="how messages name this server")
+    parser.add_argument("--listen", default=ports.EVERY_INTERFACE,
+                        help="the IP address to listen on (default: every interface)")
     parser.add_argument("--num-workers", type=int)
     parser.add_argument("--worker-addresses", default="")
     parser.add_argument("--timeout", type=float, default=None)
@@ -82,4 +90,4 @@ def main(argv=None):
     timeout = args.timeout or cluster_lib.discover().timeout
     workers = [a for a in args.worker_addresses.split(",") if a]
     return serve(args.address, args.num_workers, args.name or f"parameter server ({args.address})",
-                 timeout, workers)
+                 timeout, workers, args.listen)

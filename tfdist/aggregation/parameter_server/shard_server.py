@@ -54,9 +54,10 @@ class ShardServer:
         timeout: seconds to wait for a worker to show up.
         worker_addresses: "host:port" of each worker's TensorFlow server, probed
             to notice dead workers (empty: not probed).
+        listen: the IP address to listen on, at `address`'s port ("": every interface).
     """
 
-    def __init__(self, address, num_workers, name, timeout, worker_addresses=()):
+    def __init__(self, address, num_workers, name, timeout, worker_addresses=(), listen=""):
         self.address = address
         self.num_workers = int(num_workers)
         self.worker_addresses = tuple(worker_addresses)
@@ -82,7 +83,8 @@ class ShardServer:
             methods[push_method(wire)] = self._push_function(wire)
             methods[pull_method(wire)] = self._pull_function(wire)
         self._reducers = {wire: self._reduce_function(wire) for wire in WIRE_DTYPES}
-        self._server = tf_rpc.serve(address, methods)
+        port = address.rsplit(":", 1)[1]
+        self._server = tf_rpc.serve(f"{listen or '0.0.0.0'}:{port}", methods)
 
     # ------------------------------------------------------------ methods
     def _push_function(self, wire):
