@@ -36,7 +36,7 @@ import dataclasses
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from absl import logging
 
@@ -193,11 +193,11 @@ def _engines_this_process_can_run() -> Tuple[Tuple[str, ...], Dict[str, str]]:
 class _Channel:
     """An all-gather of proposals through the launcher (`tfdist.comm.launcher_channel`)."""
 
-    def __init__(self, gather, carries_secrets):
+    def __init__(self, gather: Callable[[str], List[str]], carries_secrets: bool):
         self._gather = gather
         self.carries_secrets = carries_secrets  # MPI: the launcher authenticated its ranks
 
-    def __call__(self, text):
+    def __call__(self, text: str) -> List[str]:
         return self._gather(text)
 
 
