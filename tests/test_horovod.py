@@ -113,8 +113,9 @@ def test_dead_rank_under_horovodrun_fails_the_job(tmp_path):
 
 
 def test_horovod_backend_without_horovod_launch_is_a_clear_error():
+    # --no-mpi too: in an MPI job a Horovod built with MPI runs on MPI, as under mpirun
     done = tfdist_run(2, [script("train_equivalence.py"), "/nonexistent/out", "--backend",
-                          "horovod"], timeout=120, launcher=["--no-horovod"])
+                          "horovod"], timeout=120, launcher=["--no-horovod", "--no-mpi"])
     assert done.returncode != 0
     assert ("needs processes started by horovodrun, tfdist-run (without --no-horovod, with "
             "Horovod installed), or mpirun") in done.stdout, done.stdout[-3000:]

@@ -10,6 +10,9 @@ How each finds its peers: `tfdist.process_setup.cluster` (discovery) and
 under each launcher is in test_kill_matrix.
 """
 
+import os
+import socket
+
 import pytest
 
 from helpers import (failure_report, max_abs_difference, only_configs, require_launcher, run_job,
@@ -115,26 +118,68 @@ def test_a_busy_rendezvous_port_is_a_clear_error():
 @pytest.mark.horovod
 def test_the_address_store_names_the_ranks_that_never_came():
     from tfdist.process_setup.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
-    from tfdist.comm import address_exchange  # pylint: disable=import-outside-toplevel
+    from tfdist.comm import address_exchange, launcher_channel  # pylint: disable=import-outside-toplevel
     from tfdist.comm.ports import pick_ports  # pylint: disable=import-outside-toplevel
+    from tfdist.errors import ClusterError  # pylint: disable=import-outside-toplevel
 
     port = pick_ports(1, host="")[0]
     spec = Cluster(0, 3, launcher="srun", rendezvous=Rendezvous("localhost", port, "s"))
     server = address_exchange.serve_store(port, spec)
     try:
-        with pytest.raises(TimeoutError, match="ranks 1, 2 did not publish"):
+        with pytest.raises(TimeoutError, match="ranks 1, 2 sent nothing"):
             address_exchange.all_gather_strings(0, 3, "here:1", 0.5, ("localhost", port), "a")
-        with pytest.raises(TimeoutError, match="rank 0 did not publish the addresses"):
+        with pytest.raises(TimeoutError, match="rank 0 did not publish the list"):
             address_exchange.all_gather_strings(2, 3, "there:2", 0.5, ("localhost", port), "b")
         # A value that is not "host:port" (another program writing into the store) is refused.
-        address_exchange._Store(("localhost", port), "c", 1, 0, 1).put("1", "not an address")
-        with pytest.raises(ValueError, match="the address rank 1 published"):
+        launcher_channel._Store(("localhost", port), "c", 1, 0, 1).put("1", "not an address")
+        with pytest.raises(ClusterError, match="rank 1 sent 'not an address'"):
             address_exchange.all_gather_strings(0, 2, "here:1", 2.0, ("localhost", port), "c")
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     with pytest.raises(TimeoutError, match="did not answer within"):
         address_exchange.all_gather_strings(1, 3, "there:2", 0.5, ("localhost", port), "d")
+
+
+def test_the_address_store_refuses_requests_without_the_jobs_secret(monkeypatch):
+    """srun's store checks the job's secret: a stranger's request (no signature, or another
+    job's secret) is refused and logged; the job's ranks go on."""
+    import urllib.request  # pylint: disable=import-outside-toplevel
+    import urllib.error  # pylint: disable=import-outside-toplevel
+
+    from tfdist.process_setup.cluster import Cluster, Rendezvous  # pylint: disable=import-outside-toplevel
+    from tfdist.comm import address_exchange  # pylint: disable=import-outside-toplevel
+    from tfdist.comm.ports import pick_ports  # pylint: disable=import-outside-toplevel
+    from tfdist.errors import ClusterError  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setenv("TFDIST_SECRET", "the job's secret")
+    port = pick_ports(1, host="")[0]
+    spec = Cluster(0, 2, launcher="srun", rendezvous=Rendezvous("127.0.0.1", port, "s"),
+                   local_size=2)
+    server = address_exchange.serve_store(port, spec)
+    try:
+        for method, body in (("GET", None), ("PUT", b"evil:1")):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/s/1", data=body,
+                                             method=method)
+            with pytest.raises(urllib.error.HTTPError, match="403"):
+                urllib.request.urlopen(request, timeout=5)
+        with socket.create_connection(("127.0.0.1", port)) as garbage:
+            garbage.sendall(os.urandom(256))
+        monkeypatch.setenv("TFDIST_SECRET", "another job's secret")
+        with pytest.raises(ClusterError, match="refused this rank's request"):
+            address_exchange.all_gather_strings(1, 2, "there:2", 2.0, ("127.0.0.1", port), "s")
+        monkeypatch.setenv("TFDIST_SECRET", "the job's secret")  # the job's ranks go on
+        import threading  # pylint: disable=import-outside-toplevel
+
+        results = {}
+        peer = threading.Thread(target=lambda: results.update(one=address_exchange.all_gather_strings(
+            1, 2, "there:2", 10.0, ("127.0.0.1", port), "t")))
+        peer.start()
+        results["zero"] = address_exchange.all_gather_strings(0, 2, "here:1", 10.0,
+                                                              ("127.0.0.1", port), "t")
+        peer.join()
+        assert results == {"zero": ["here:1", "there:2"], "one": ["here:1", "there:2"]}
+    finally:
+        server.close()
 
 
 @pytest.mark.horovod

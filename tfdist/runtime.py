@@ -381,8 +381,16 @@ def _take_held_port(spec: cluster_lib.Cluster) -> "PortReservation":
     held, _held_port = _held_port, None
     if held is not None:
         return held
-    port = int(spec.worker_addresses[spec.rank].rsplit(":", 1)[1])
-    return ports.PortReservation(ports.listen_address(spec.on_one_host), port)
+    address = spec.worker_addresses[spec.rank]
+    port = int(address.rsplit(":", 1)[1])
+    try:
+        return ports.PortReservation(ports.listen_address(spec.on_one_host), port)
+    except OSError as error:
+        from tfdist.errors import ClusterError
+
+        raise ClusterError(
+            f"tfdist rank {spec.rank}: cannot listen on {address}: port {port} is already in "
+            f"use ({error}; another job, or a stale process?).") from None
 
 
 def _exchange_addresses(spec: cluster_lib.Cluster) -> Tuple[str, ...]:

@@ -121,14 +121,17 @@ def reserve_ports(count: int, host: str = LOOPBACK, port_base: Optional[int] = N
     held: List[PortReservation] = []
     try:
         if port_base is not None:
+            busy = []
             for port in range(port_base, port_base + count):
                 try:
                     held.append(PortReservation(host, port))
                 except OSError:
-                    raise OSError(
-                        f"port {port} on {host or 'every interface'} is already in use; choose "
-                        f"another --port-base (the job needs {count} consecutive ports from "
-                        f"{port_base}).") from None
+                    busy.append(port)
+            if busy:
+                raise OSError(
+                    f"port(s) {busy} on {host or 'every interface'} are already in use; choose "
+                    f"another --port-base (the job needs {count} consecutive ports from "
+                    f"{port_base}).")
         elif port_range is not None:
             candidates = list(range(port_range[0], port_range[1] + 1))
             random.shuffle(candidates)

@@ -6,6 +6,10 @@ them by name, eagerly or inside a compiled function (the call is an op:
 over 4 MiB by default, so callers keep every tensor they send or receive
 below `MAX_MESSAGE_BYTES`.
 
+Every call carries the job's token first (`serve`, `RpcClient`): a server answers only
+its job's processes, and counts the calls it refused (TensorFlow's RPC runtime has no
+authentication of its own; this one is tfdist's, over it).
+
 The server answers each call on a gRPC thread that waits for the function to
 finish; functions that wait (a queue dequeue) therefore hold a gRPC thread
 (gRPC adds threads as needed) but no TensorFlow inter-op thread: queue
@@ -15,21 +19,60 @@ executor, whatever the number of clients.
 
 import tensorflow as tf
 
+from tfdist import env_vars
+
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default limit per message
 _rpc = tf.distribute.experimental.rpc
 
 
-def serve(address, methods):
-    """Start an RPC server on `address` exposing `methods` ({name: tf.function}).
+def serve(address, methods, token=""):
+    """Start an RPC server on `address` exposing `methods` ({name: tf.function with an input
+    signature}), each answering only calls that carry `token` (the job's secret's, from
+    `tfdist.process_setup.job_secret.token`; "" without a secret) as their first argument.
 
-    Returns the server object; it stops when the object is garbage collected
-    or the process exits.
+    Returns the `RpcServer`; it stops when the object is garbage collected or the process
+    exits.
     """
     server = _rpc.Server.create("grpc", address)
+    with tf.init_scope():
+        refused = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_rpc_refused")
     for name, function in methods.items():
-        server.register(name, function)
+        server.register(name, _requiring(function, token, refused))
     server.start()
-    return server
+    return RpcServer(server, refused)
+
+
+class RpcServer:
+    """A started RPC server (`serve`) and the count of calls it refused."""
+
+    def __init__(self, server, refused):
+        self._server = server
+        self._refused = refused
+
+    def refused_calls(self):
+        """How many calls arrived without the job's token (eager)."""
+        return int(self._refused.numpy())
+
+
+def _requiring(function, token, refused):
+    """`function` behind a check of its caller's token: a call without it fails (the caller
+    reads the error) and is counted; the server goes on."""
+    signature = [tf.TensorSpec([], tf.string)] + list(function.input_signature)
+
+    @tf.function(input_signature=signature)
+    def checked(presented, *args):
+        accepted = tf.equal(presented, token)
+        counted = tf.cond(accepted, lambda: tf.constant(0, tf.int64),
+                          lambda: refused.assign_add(1))
+        with tf.control_dependencies([counted]):
+            check = tf.debugging.Assert(accepted, [REFUSAL])
+        with tf.control_dependencies([check]):
+            return function(*args)
+
+    return checked
+
+
+REFUSAL = f"tfdist: call refused: it does not carry the job's secret ({env_vars.SECRET})"
 
 
 class RpcClient:
@@ -40,10 +83,12 @@ class RpcClient:
         description: how errors name the server, e.g. "parameter server 1 (host:port)".
         caller: how errors name this process, e.g. "tfdist rank 2".
         timeout: seconds any call (and the initial connection) may take.
+        token: what every call carries first, as the server asks (`serve`).
     """
 
-    def __init__(self, address, description, caller, timeout):
+    def __init__(self, address, description, caller, timeout, token=""):
         self.address = address
+        self.token = token
         self.description = description
         self.caller = caller
         self.timeout_ms = int(timeout * 1000)
@@ -67,7 +112,8 @@ class RpcClient:
         (default: the client's).
         """
         timeout_ms = self.timeout_ms if timeout is None else int(timeout * 1000)
-        result = self._client.call(method, args, output_specs, timeout_in_ms=timeout_ms)
+        result = self._client.call(method, [tf.constant(self.token)] + list(args), output_specs,
+                                   timeout_in_ms=timeout_ms)
         code, message = result.get_error()
         check = tf.debugging.Assert(
             tf.equal(code, 0),

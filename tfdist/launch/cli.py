@@ -109,7 +109,9 @@ def build_parser():
              "engine, the faster one on big gradients")
     horovod.add_argument(
         "--no-horovod", dest="horovod", action="store_false",
-        help=f"do not start Horovod's rendezvous: \"auto\" takes TensorFlow's collectives "
+        help=f"do not start Horovod's Gloo rendezvous (in an MPI job a Horovod built with MPI "
+             "still runs on MPI, as under mpirun): \"auto\" takes Open MPI's or TensorFlow's "
+             "collectives "
              f"(env {env_vars.HOROVOD}=0)")
     mpi = parser.add_mutually_exclusive_group()
     mpi.add_argument(

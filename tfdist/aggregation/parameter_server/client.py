@@ -16,6 +16,7 @@ from tfdist.aggregation.parameter_server import protocol
 from tfdist.aggregation.parameter_server.shard_plan import DEFAULT_PIECE_BYTES, ShardPlan
 from tfdist.comm.liveness import PROBE_INTERVAL_SECONDS, ProbeCounter, connection_refused
 from tfdist.comm.tf_rpc import MAX_MESSAGE_BYTES, RpcClient
+from tfdist.process_setup import job_secret
 from tfdist.errors import explain_uncaught, tfdist_assertion
 
 LOGGED_PLAN_MIN_BYTES = 256
@@ -74,8 +75,9 @@ class ParameterServerAggregator(Aggregator):
         self.piece_bytes = int(piece_bytes)
         self.server_addresses = tuple(server_addresses)
         self.timeout = float(timeout)
+        token = job_secret.token(job_secret.job_secret(), protocol.TOKEN_PURPOSE)
         self.clients = [RpcClient(address, f"parameter server {k} ({address})",
-                                  f"tfdist rank {rank}", timeout)
+                                  f"tfdist rank {rank}", timeout, token)
                         for k, address in enumerate(self.server_addresses)]
         with tf.init_scope():
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_ps_step")

@@ -36,7 +36,7 @@ class ColocatedServer:
         address = f"{host}:{self._held_port.port}"
         name = f"parameter server {cluster.rank} ({address}, on rank {cluster.rank})"
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith((env_vars.PREFIX, "HOROVOD_"))}
+               if not k.startswith((env_vars.PREFIX, "HOROVOD_")) or k == env_vars.SECRET.name}
         env[Foreign.TF_CPP_MIN_LOG_LEVEL.name] = Foreign.TF_CPP_MIN_LOG_LEVEL.get(default="2")
         env.pop(Foreign.TF_CONFIG.name, None)
         self.timeout = cluster.timeout

@@ -12,7 +12,9 @@ A shard server exposes these functions over TensorFlow's RPC runtime
   is done (the server stops once every worker said goodbye);
 * `stats()`: [process id, bytes received, pieces received, asynchronous updates applied].
 
-Tensors travel as float16 if they are float16, else as float32 (`wire_of`).
+Tensors travel as float16 if they are float16, else as float32 (`wire_of`). Every call
+carries the job's token first (`tfdist.comm.tf_rpc`; `TOKEN_PURPOSE` under the job's secret):
+a server refuses calls without it.
 """
 
 import tensorflow as tf
@@ -20,6 +22,7 @@ import tensorflow as tf
 WIRE_DTYPES = {"f32": tf.float32, "f16": tf.float16}
 HELLO, GOODBYE = 1, 2  # check-in states
 STOPPED_SLOT = -1  # a pull answered with this slot: the server stopped; step = the dead worker
+TOKEN_PURPOSE = "tfdist parameter server"  # what the calls' token is derived for (`job_secret`)
 QUEUE_CAPACITY = 1 << 20  # elements a server's request, reply and permit queues may hold
 
 

@@ -38,7 +38,9 @@ from tfdist.aggregation.parameter_server.protocol import (GOODBYE, HELLO, QUEUE_
                                                           STOPPED_SLOT, WIRE_DTYPES, pull_method,
                                                           push_method)
 from tfdist.aggregation.parameter_server.async_store import AsyncParameterStore
+from tfdist import env_vars
 from tfdist.comm import tf_rpc
+from tfdist.process_setup import job_secret
 from tfdist.comm.liveness import PROBE_INTERVAL_SECONDS, ProbeCounter, connection_refused
 
 REDUCER_EXIT_SECONDS = 30.0
@@ -84,7 +86,9 @@ class ShardServer:
             methods[pull_method(wire)] = self._pull_function(wire)
         self._reducers = {wire: self._reduce_function(wire) for wire in WIRE_DTYPES}
         port = address.rsplit(":", 1)[1]
-        self._server = tf_rpc.serve(f"{listen or '0.0.0.0'}:{port}", methods)
+        self._server = tf_rpc.serve(f"{listen or '0.0.0.0'}:{port}", methods,
+                                    job_secret.token(job_secret.job_secret(), protocol.TOKEN_PURPOSE))
+        self._refused_seen = 0
 
     # ------------------------------------------------------------ methods
     def _push_function(self, wire):
@@ -203,6 +207,16 @@ class ShardServer:
                            f"{int(self.clock.numpy()[worker])}).", dead_worker=worker)
                 return
 
+    def _report_refused_calls(self):
+        """Log calls refused for want of the job's secret since the last look: a stranger
+        (or a process of another job) called this server; the job goes on."""
+        refused = self._server.refused_calls()
+        if refused > self._refused_seen:
+            logging.warning("tfdist %s: refused %d call(s) without the job's secret (%s); "
+                            "the job goes on", self.name, refused - self._refused_seen,
+                            env_vars.SECRET.name)
+            self._refused_seen = refused
+
     def _lose_worker(self, worker):
         """Asynchronous training: a dead worker is reported at the end; the others finish."""
         if worker in self.lost_workers:
@@ -238,6 +252,7 @@ class ShardServer:
                 self._stopped.set()
                 break
             self._check_workers(checkins, started, probes)
+            self._report_refused_calls()
             if self.async_store.error:
                 self._fail(self.async_store.error)
         self._close_queues()  # wakes the reducers: their dequeues fail
