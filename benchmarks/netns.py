@@ -16,6 +16,14 @@ Horovod's Gloo binds some of its connections to the address of the host name.
         subprocess.run(net.exec_prefix(0) + ["python", "worker.py"])   # on 10.77.0.1
         net.shape(rate_mbit=400)                                        # every link at once
 
+Hosts can also be told apart as a real cluster's are (`host_names`, `private_dirs`): each
+its own host name (a UTS namespace; every namespace's /etc/hosts names all hosts) and its
+own disk - each directory of `private_dirs` is, inside a host's processes, that host's own
+directory (a bind mount from `<scratch>/<host name>/...` in a mount namespace of its own),
+so a file written there on one host is not seen on another, and stays for the host's next
+process. `exec_prefix(h)` enters all of it; `benchmarks.netns_ssh` does the same for a
+launcher's ssh (`setup_environment`).
+
 Needs root (or CAP_NET_ADMIN) and `ip`/`tc` (iproute2). The network is torn
 down on exit from the `with` block and, failing that, at interpreter exit;
 namespaces left over by a killed run are removed when the next one starts.
@@ -23,6 +31,7 @@ namespaces left over by a killed run are removed when the next one starts.
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -117,9 +126,17 @@ class EmulatedNetwork:
             (ignored, and `delay_applied` False, where it does not).
     """
 
-    def __init__(self, num_hosts, rate_mbit, delay_ms=0.0):
+    def __init__(self, num_hosts, rate_mbit, delay_ms=0.0, host_names=None, private_dirs=(),
+                 scratch=None):
         if not 1 <= num_hosts <= 250:
             raise ValueError(f"num_hosts must be in 1..250. Got: {num_hosts!r}")
+        if host_names is not None and len(host_names) != num_hosts:
+            raise ValueError(f"host_names must name {num_hosts} hosts. Got: {host_names!r}")
+        if private_dirs and (host_names is None or scratch is None):
+            raise ValueError("private_dirs need host_names and a scratch directory")
+        self.host_names = list(host_names) if host_names else None
+        self.private_dirs = [os.path.abspath(d) for d in private_dirs]
+        self.scratch = scratch
         self.num_hosts = num_hosts
         self.rate_mbit = rate_mbit
         self.delay_ms = delay_ms
@@ -133,8 +150,40 @@ class EmulatedNetwork:
         return f"{SUBNET}.{host + 1}"
 
     def exec_prefix(self, host):
-        """Command prefix that runs a program on `host` (inside its namespace)."""
-        return ["ip", "netns", "exec", self.namespace(host)]
+        """Command prefix that runs a program on `host` (inside its namespace; with its own
+        host name and disk where the network has them)."""
+        return ["ip", "netns", "exec", self.namespace(host)] + self._host_setup(host)
+
+    def own_dir(self, host, directory):
+        """Where `host`'s own copy of `directory` (one of `private_dirs`) lives."""
+        return os.path.join(self.scratch, self.host_names[host],
+                            os.path.abspath(directory).lstrip("/"))
+
+    def _host_setup(self, host):
+        """`unshare ... sh -c 'hostname; mount --bind ...; exec "$@"' sh` for a host with its
+        own name and disk; [] otherwise."""
+        if self.host_names is None:
+            return []
+        steps = [f"hostname {self.host_names[host]}"]
+        for directory in self.private_dirs:
+            own = self.own_dir(host, directory)
+            os.makedirs(own, exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
+            steps.append(f"mount --bind '{own}' '{directory}'")
+        return ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
+                " && ".join(steps) + ' && exec "$@"', "sh"]
+
+    def setup_environment(self):
+        """For `benchmarks.netns_ssh`: {variable: value} that makes its ssh enter each host as
+        `exec_prefix` does."""
+        hosts = {}
+        for host in range(self.num_hosts):
+            names = [self.address(host)] + ([self.host_names[host]] if self.host_names else [])
+            for name in names:
+                hosts[name] = self.namespace(host)
+        setup = {self.namespace(h): self._host_setup(h) for h in range(self.num_hosts)}
+        return {"TFDIST_EMULATED_HOSTS": ",".join(f"{k}={v}" for k, v in hosts.items()),
+                "TFDIST_EMULATED_HOST_SETUP": json.dumps(setup)}
 
     @property
     def delay_applied(self):
@@ -173,6 +222,8 @@ class EmulatedNetwork:
         os.makedirs(etc, exist_ok=True)
         with open(os.path.join(etc, "hosts"), "w") as f:
             f.write(f"127.0.0.1 localhost\n{self.address(host)} {socket.gethostname()}\n")
+            for other, name in enumerate(self.host_names or []):
+                f.write(f"{self.address(other)} {name}\n")
 
     def _link_ends(self):
         for host in range(self.num_hosts):

@@ -14,11 +14,13 @@ joined by spaces. Options are parsed as ssh parses them (those taking a value
 skip it); an unknown host is an error, as ssh's would be.
 """
 
+import json
 import os
 import stat
 import sys
 
 HOSTS_ENV = "TFDIST_EMULATED_HOSTS"
+SETUP_ENV = "TFDIST_EMULATED_HOST_SETUP"  # {namespace: command prefix} (own name and disk)
 # ssh options that take a value (`man ssh`); every other option is a flag.
 OPTIONS_WITH_VALUE = set("BbcDEeFIiJLlmOopQRSWw")
 
@@ -64,7 +66,10 @@ def main(argv):
         print(f"ssh (emulated): no namespace for host {host!r} (known: {sorted(known)})",
               file=sys.stderr)
         return 255
-    os.execvp("ip", ["ip", "netns", "exec", known[host], "sh", "-c", command or "true"])
+    # The host's own name and disk (`EmulatedNetwork.setup_environment`), where it has them.
+    setup = json.loads(os.environ.get(SETUP_ENV) or "{}").get(known[host], [])
+    os.execvp("ip", ["ip", "netns", "exec", known[host]] + setup
+              + ["sh", "-c", command or "true"])
     return 255  # not reached
 
 

@@ -170,3 +170,67 @@ def test_ranks_that_drift_apart_stop_with_the_variable_named(epoch, where):
     for rank, message in enumerate(messages):
         assert message.startswith(f"tfdist rank {rank}: the ranks' weights differ {where}")
         assert "rank 1: sequential/head/kernel" in message, message
+
+
+# --- hosts that share no disk: the chief's saves served to the others (chief_saves) --------
+class _Weights:
+    def __init__(self, whole):
+        self.whole = whole
+
+
+def test_a_rank_whose_disk_lacks_the_chiefs_file_copies_the_chiefs_bytes(tmp_path, monkeypatch):
+    """The chief serves its completed saves; another host's rank copies what its disk does
+    not hold (a missing or stale file, a SavedModel directory), leaves alone what it does (a
+    shared file system), waits for a save not yet complete, and a stranger's request without
+    the job's secret is refused."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tfdist.comm import ports
+    from tfdist.strategies.state import chief_saves
+
+    monkeypatch.setenv("TFDIST_SECRET", "this job")
+    chief_dir, other_dir = tmp_path / "chief", tmp_path / "other_host"
+    chief_dir.mkdir()
+    other_dir.mkdir()
+    gone = []
+    service = chief_saves.ChiefSaveService(ports.reserve_ports(1)[0], 2, 5.0, lambda: gone)
+    client = chief_saves.ChiefSaveClient(f"127.0.0.1:{service.port}", 1, 5.0)
+    chief_file = chief_dir / "model.keras"
+    chief_file.write_bytes(os.urandom(3 * chief_saves.PIECE_BYTES // 2))  # two pieces
+    service.completed(str(chief_file), whole=7, number=1)
+    # Another host: its own path, a stale file there.
+    mine = other_dir / "model.keras"
+    mine.write_bytes(b"an older save")
+    client.fetch(str(mine), _Weights(7), "Model.save", 1, lambda: False)
+    assert mine.read_bytes() == chief_file.read_bytes()
+    # A shared disk: the chief's own path holds the chief's file; nothing is written.
+    before = os.stat(chief_file)
+    client.fetch(str(chief_file), _Weights(7), "Model.save", 1, lambda: False)
+    assert os.stat(chief_file).st_ino == before.st_ino
+    # A SavedModel directory (Model.export).
+    exported = chief_dir / "exported"
+    (exported / "variables").mkdir(parents=True)
+    (exported / "saved_model.pb").write_bytes(b"graph")
+    (exported / "variables" / "variables.index").write_bytes(b"index")
+    service.completed(str(exported), whole=8, number=2)
+    client.fetch(str(other_dir / "exported"), _Weights(8), "Model.export", 2, lambda: False)
+    assert (other_dir / "exported" / "variables" / "variables.index").read_bytes() == b"index"
+    # Not saved yet: waits, and fails after the timeout naming the path; the chief gone: at once.
+    with pytest.raises(TimeoutError, match="waited 0.5 s for the chief"):
+        chief_saves.ChiefSaveClient(f"127.0.0.1:{service.port}", 1, 0.5).fetch(
+            str(mine), _Weights(9), "Model.save", 3, lambda: False)
+    with pytest.raises(TimeoutError, match="but the chief is gone"):
+        client.fetch(str(mine), _Weights(9), "Model.save", 3, lambda: True)
+    # A stranger (no signature) is refused; files the chief did not save are not served.
+    query = f"http://127.0.0.1:{service.port}/read?path=/etc/passwd&offset=0&length=9"
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        urllib.request.urlopen(query, timeout=5)
+    with pytest.raises(OSError, match="answered 400"):
+        client._request("GET", "/read", path="/etc/passwd", relative="", offset=0, length=9)
+    assert json.loads(client._request("GET", "/query", path=str(mine), whole=1,
+                                      number=1))["state"] == chief_saves.PENDING
+    # At exit the chief serves until the other rank said goodbye (or is gone).
+    client.close()
+    service.close()

@@ -297,6 +297,10 @@ EMULATED_HOSTS = _declare(
     "EMULATED_HOSTS", "addr=namespace,...", "", "the emulated-cluster benchmark",
     "Which network namespace each emulated host's address lives in (its ssh stand-in).",
     _BENCH)
+EMULATED_HOST_SETUP = _declare(
+    "EMULATED_HOST_SETUP", "JSON", "", "the emulated cluster (benchmarks.netns)",
+    "Per emulated host's namespace, the command that gives the host its own name and disk "
+    "(its ssh stand-in runs a launcher's commands through it).", _BENCH)
 
 VARIABLES = tuple(_REGISTRY)
 BY_NAME = {v.name: v for v in VARIABLES}

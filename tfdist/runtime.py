@@ -86,7 +86,8 @@ def use_communicator(communicator: "Communicator",
     _bound.communicator = communicator
     _bound.cluster = cluster_lib.Cluster(rank=communicator.rank,
                                          world_size=communicator.world_size,
-                                         launcher=launcher)
+                                         launcher=launcher,
+                                         local_size=communicator.world_size)  # one process
     try:
         yield _bound.cluster
     finally:

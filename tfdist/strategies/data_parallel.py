@@ -33,14 +33,14 @@ Subclasses choose the aggregation hook (`make_aggregator`) and the modes
 """
 
 from tfdist import _tf
-from tfdist import chief_log
+from tfdist import chief_log, runtime
 from tfdist.fault_tolerance.checkpoint_files import install_private_checkpoint_writes
 from tfdist.process_setup import joined_strategy
 from tfdist.strategies import keras_patches, modes
 from tfdist.strategies.core import job_summary
 from tfdist.strategies.core.extended import DataParallelExtended
 from tfdist.strategies.keras_patches import model_strategy
-from tfdist.strategies.state import save_records
+from tfdist.strategies.state import chief_saves, save_records
 from tfdist.strategies.step import average_loss
 
 
@@ -106,6 +106,9 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
             average_loss.install(lambda step: step.scaled_by_user)
             extended.input_mode.start(extended)
             extended.save_log = save_records.JobSaveLog.agreed(extended.communicator)
+            extended.chief_saves = chief_saves.agreed(self.cluster, extended.communicator)
+            if extended.chief_saves is not None:
+                runtime.close_at_exit(extended.chief_saves)
         chief_log.info(self.is_chief, "%s", job_summary.start_up_line(self, engine_reason),
                        once=True)
 

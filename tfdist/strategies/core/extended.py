@@ -68,6 +68,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     agreed_flags: AgreedFlags  # set in __init__
     preemption: PreemptionNotice  # set in __init__
     save_log: "save_records.JobSaveLog | None"  # set in __init__ and by the strategy
+    chief_saves: "object | None"  # a ChiefSaveService or ChiefSaveClient across hosts
 
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression,
                  modes):
@@ -98,6 +99,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self.agreed_flags = AgreedFlags(self._cluster.world_size, self._cluster.rank)
         self.save_log = None  # the job's log of the chief's saves (several processes)
+        self.chief_saves = None  # across hosts: the chief's saves served (`chief_saves`)
         self.preemption = PreemptionNotice(self.agreed_flags, self._cluster.rank,
                                            self._cluster.timeout)
         self._rank_local = threading.local()

@@ -51,6 +51,11 @@ class StrategyExtended(Protocol):
     """`tfdist.strategies.state.save_records.JobSaveLog`: the chief's completed saves, for ranks
     saving to paths of their own; None for one process."""
 
+    chief_saves: Optional[Any]
+    """`tfdist.strategies.state.chief_saves`: in a job across hosts, the chief's
+    `ChiefSaveService` (on the chief) or a `ChiefSaveClient` (on another rank), which give a
+    save's file to ranks whose disk is not the chief's; None on one host."""
+
     preemption: "PreemptionNotice"
     """`tfdist.fault_tolerance.preemption.PreemptionNotice` of this rank."""
 

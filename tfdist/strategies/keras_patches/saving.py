@@ -13,6 +13,8 @@ inside callbacks and mid-fit (`save_records`):
   habit, to the same path or to paths of their own): the chief writes; every
   other rank returns once the chief's file with the same weights is complete,
   so a rank that loads the file right after saving reads the new one;
+  Where the job spans hosts, a rank whose disk does not hold the chief's file copies it
+  from the chief (`chief_saves`): every host that asked for the file has the chief's bytes;
 * only the chief calls it (Horovod's "save checkpoints only on worker 0",
   `if strategy.is_chief: model.save(...)`, a callback only rank 0 has): the
   chief writes and goes on; nobody waits for ranks that do not call.
@@ -64,15 +66,27 @@ def _on_the_chief(model, what, filepath, write):
         return write(None)
     saved = save_records.SavedWeights(model)
     result = write(lambda written: save_records.publish(path, saved, written))
-    tfdist_strategy(model).extended.save_log.completed(saved)
+    extended = tfdist_strategy(model).extended
+    extended.save_log.completed(saved)
+    if extended.chief_saves is not None:  # served to ranks on other hosts
+        extended.chief_saves.completed(path, saved.whole, extended.save_log.saves)
     return result
 
 
 def _wait_for_the_chief(model, what, path):
+    """Return once `path` holds the chief's save of this rank's weights: seen through the
+    file system on one host (`save_records`), fetched from the chief where the job spans
+    hosts that need not share a disk (`chief_saves`)."""
     strategy = tfdist_strategy(model)
     communicator = strategy.extended.communicator
-    save_records.wait_for(path, save_records.SavedWeights(model), what, strategy.rank,
-                          communicator.timeout, lambda: 0 in communicator.gone_peers(),
+    saved = save_records.SavedWeights(model)
+    chief_gone = lambda: 0 in communicator.gone_peers()  # noqa: E731
+    across_hosts = strategy.extended.chief_saves
+    if across_hosts is not None:
+        across_hosts.fetch(path, saved, what, strategy.extended.save_log.requested(),
+                           chief_gone)
+        return
+    save_records.wait_for(path, saved, what, strategy.rank, communicator.timeout, chief_gone,
                           strategy.extended.save_log)
 
 
