@@ -92,10 +92,13 @@ def test_the_discovery_output_is_read_as_horovod_reads_it(tmp_path):
     script = host_discovery.DiscoveryScript(f"cat {slots_file}", 1, log=said.append)
     assert script.slots() == 3 and said == []
     slots_file.write_text("localhost:2\nsome-other-host:2\n")
-    assert script.slots() == 4
-    assert len(said) == 1 and "some-other-host" in said[0] and "this machine" in said[0]
+    assert script.slots() == 2  # another machine's slots are refused, by name, once
+    assert len(said) == 1 and "some-other-host" in said[0] and "not this machine" in said[0]
     script.slots()
     assert len(said) == 1  # said once
+    slots_file.write_text("some-other-host:2\n")  # a first discovery of other machines only
+    with pytest.raises(RuntimeError, match="lists only other machines .some-other-host."):
+        host_discovery.DiscoveryScript(f"cat {slots_file}", 1).slots()
     with pytest.raises(RuntimeError, match="exited with code 3"):
         host_discovery.DiscoveryScript("echo broken >&2; exit 3", 1).slots()
     slots_file.write_text("localhost:x\n")

@@ -97,6 +97,11 @@ TIMEOUT = _declare(
 PORT_BASE = _declare(
     "PORT_BASE", "int", "free ports", YOU,
     "tfdist-run `--port-base`: first of the consecutive ports its processes listen on.", _LAUNCH)
+HOSTS = _declare(
+    "HOSTS", "host:slots,...", "this machine", YOU,
+    "tfdist-run `-H`: the hosts to start the processes on (Horovod's -H). Where one is another "
+    "machine, the job starts through Open MPI's `mpirun -H` (reaching hosts by ssh); an "
+    "elastic job refuses other machines.", _LAUNCH)
 PORT_RANGE = _declare(
     "PORT_RANGE", "FIRST-LAST", "any free port", YOU,
     "tfdist-run `--port-range`, and every process under any launcher: the ports tfdist's "
@@ -303,6 +308,11 @@ EMULATED_HOST_SETUP = _declare(
     "(its ssh stand-in runs a launcher's commands through it).", _BENCH)
 
 VARIABLES = tuple(_REGISTRY)
+# What tfdist-run sets to describe a job of its own on this machine (left out where another
+# launcher describes the cluster: `tfdist-run -H` across machines, through mpirun).
+CLUSTER_VARIABLES = frozenset(v.name for v in (
+    RANK, WORLD_SIZE, LOCAL_RANK, WORKER_ADDRESSES, SERVER_ADDRESSES, ROLE, SERVER_INDEX,
+    RANK_VARIABLES, JOINED_DIR, EXIT_REPORTS_DIR))
 BY_NAME = {v.name: v for v in VARIABLES}
 
 # ------------------------------------------------------------------- other tools' variables

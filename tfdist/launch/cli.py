@@ -52,8 +52,8 @@ from tfdist.fault_tolerance import restarts
 from tfdist.process_setup import cluster as cluster_lib
 from tfdist.process_setup import job_secret, joined_strategy
 from tfdist.comm import ports as ports_lib
-from tfdist.launch import (elastic_job, gloo_rendezvous_server, listening_sockets, mpi_job,
-                           processes)
+from tfdist.launch import (elastic_job, gloo_rendezvous_server, host_discovery,
+                           listening_sockets, mpi_job, processes)
 from tfdist.launch.output_filter import OutputFilter
 from tfdist.profiling import names as profiling_names
 from tfdist.profiling import timeline
@@ -74,6 +74,11 @@ def build_parser():
         default=env_vars.NP.integer(default=1),
         help=f"number of training processes (env {env_vars.NP}, default 1)",
     )
+    parser.add_argument(
+        "-H", "--hosts", metavar="HOST:SLOTS,...", default=env_vars.HOSTS.get(),
+        help="start the processes on these hosts, as horovodrun's -H: where one is another "
+             "machine, through Open MPI's `mpirun -H` (which reaches them by ssh); this "
+             f"machine alone: as without -H (env {env_vars.HOSTS}; default: this machine)")
     parser.add_argument(
         "--num-servers", type=int, default=env_vars.NUM_SERVERS.integer(default=0),
         help=f"number of dedicated parameter-server processes (env {env_vars.NUM_SERVERS})",
@@ -213,6 +218,7 @@ def validate(args, parser):
             ports_lib.interface_address(args.network_interface)
         except ValueError as error:
             parser.error(f"--network-interface: {error}")
+    validate_hosts(args, parser)
     if args.mpi and args.keep_going:
         parser.error("--mpi cannot go with --keep-going: mpirun ends every rank when one fails")
     if args.mpi and mpi_job.unavailable_reason():
@@ -221,6 +227,39 @@ def validate(args, parser):
         profiling_names.parse_profile_steps(args.profile_steps)
     except ValueError as error:
         parser.error(f"--profile-steps: {error}")
+
+
+def validate_hosts(args, parser):
+    """`-H`: Horovod's format; enough slots; and, where a host is another machine, a job
+    mpirun can start there (`args.remote_hosts` says which)."""
+    args.remote_hosts = []
+    if not args.hosts:
+        return
+    try:
+        slots = host_discovery.parse(args.hosts.replace(",", "\n"), 1)
+    except ValueError as error:
+        parser.error(f"-H: {error}")
+    if not slots:
+        parser.error(f"-H names no host. Got: {args.hosts!r}")
+    if sum(slots.values()) < args.num_proc:
+        parser.error(f"-H offers {sum(slots.values())} slots for {args.num_proc} processes "
+                     f"(-np): {args.hosts}")
+    args.remote_hosts = sorted(h for h in slots if not host_discovery.is_this_machine(h))
+    if not args.remote_hosts:
+        return
+    where = f"-H names other machines ({', '.join(args.remote_hosts)})"
+    if elastic_job.is_elastic(args):
+        parser.error(f"{where}: an elastic tfdist-run starts its processes on this machine; "
+                     "for an elastic job across machines use horovodrun")
+    if mpi_job.unavailable_reason():
+        parser.error(f"{where}: tfdist-run starts processes there through Open MPI's mpirun "
+                     f"-H, which it cannot run here ({mpi_job.unavailable_reason()}); use "
+                     "horovodrun -H, srun or TF_CONFIG")
+    if args.mpi is False or args.keep_going or args.num_servers:
+        parser.error(f"{where}: tfdist-run starts processes there through one mpirun, which "
+                     "cannot go with --no-mpi, --keep-going or --num-servers (dedicated "
+                     "servers on other machines: TF_CONFIG 'ps' tasks)")
+    args.hosts = ",".join(f"{host}:{count}" for host, count in slots.items())
 
 
 def validate_elastic(args, parser):
@@ -344,6 +383,8 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
     job's size), `extra_env`: added to every process's environment, `on_poll`: called while
     the processes run (`ProcessGroup.wait`)."""
     num_proc = num_proc or args.num_proc
+    if getattr(args, "remote_hosts", None):
+        return _run_across_hosts(args, restart, num_proc)
     try:
         held_ports = ports_lib.reserve_ports(num_proc + args.num_servers, HOST, args.port_base,
                                              ports_lib.parse_port_range(args.port_range))
@@ -412,6 +453,35 @@ def run_job(args, restart, num_proc=None, extra_env=None, on_poll=None):
         for held in held_ports:
             held.release()
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _run_across_hosts(args, restart, num_proc):
+    """`-H` naming other machines: one `mpirun -H` starts every rank where the hosts are
+    (`mpi_job`); the ranks find each other as under any mpirun. (exit code, ProcessGroup)."""
+    settings = {env_vars.TIMEOUT.name: f"{args.timeout:g}",
+                env_vars.SECRET.name: os.environ.get(env_vars.SECRET.name) or JOB_SECRET,
+                env_vars.RESTART_COUNT.name: str(restart), "PYTHONUNBUFFERED": "1"}
+    if args.port_range:
+        settings[env_vars.PORT_RANGE.name] = args.port_range
+    if args.network_interface:
+        settings[env_vars.NETWORK_INTERFACE.name] = args.network_interface
+    if args.profile:
+        settings[profiling_names.PROFILE_DIR_ENV] = os.path.abspath(args.profile)
+        settings[profiling_names.PROFILE_STEPS_ENV] = args.profile_steps
+    env = mpi_job.across_hosts_environment(os.environ, settings, args.network_interface)
+    group = processes.ProcessGroup(output_filter=OutputFilter(enabled=not args.verbose))
+    group.forward_signals()
+    try:
+        group.start(mpi_job.LABEL, mpi_job.command(num_proc, args.command, args.hosts,
+                                                   tuple(sorted(settings))),
+                    env, split_label=mpi_job.split_label)
+    except OSError as e:
+        print(f"tfdist-run: cannot start mpirun: {e}", file=sys.stderr)
+        return 127, None
+    watchers = [listening_sockets.SocketReport(os.getpid(), _say)] if args.verbose else []
+    code = group.wait(workers=[mpi_job.LABEL],
+                      on_poll=lambda: [watch() for watch in watchers])
+    return code, group
 
 
 def _say(line):

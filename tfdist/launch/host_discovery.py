@@ -6,10 +6,13 @@ one line per available host, `hostname:slots`, or `hostname` alone for
 not ready). It is run through the shell, as Horovod runs it, every
 `INTERVAL_SECONDS` (Horovod's frequency) on a daemon thread (`Poller`).
 
-tfdist-run starts every process on this machine: the slots of all listed
-hosts are counted, and hosts that are not this machine are said once (for
-a job across machines, use horovodrun, srun or TF_CONFIG, which start the
-processes where the hosts are).
+An elastic tfdist-run starts its processes on this machine: only the slots of
+hosts that are this machine (by name, or by an address of its own) are
+counted. Hosts it cannot start processes on are refused by name - a first
+discovery that lists no host of this machine fails the job at once, later
+ones are said once and left out (for an elastic job across machines, use
+horovodrun --host-discovery-script, which starts processes where the hosts
+are; for a fixed job, tfdist-run -H through Open MPI's mpirun).
 
 Cost: one short process per interval in the launcher; nothing in the ranks.
 """
@@ -32,6 +35,22 @@ def _this_machine():
         except OSError:
             pass
     return names
+
+
+def is_this_machine(host: str) -> bool:
+    """True when `host` names this machine: one of its names, or an address of its own."""
+    if host in _this_machine():
+        return True
+    try:
+        ip = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError, UnicodeError):
+        return False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((ip, 0))
+        return True
+    except OSError:
+        return False
 
 
 def parse(output: str, slots_per_host: int) -> Dict[str, int]:
@@ -65,6 +84,7 @@ class DiscoveryScript:
         self.slots_per_host = slots_per_host
         self._log = log or (lambda msg: print(f"tfdist-run: {msg}", file=sys.stderr, flush=True))
         self._elsewhere_said = set()
+        self._counted = False  # a first count was made (only other machines then: an error)
 
     def slots(self) -> int:
         try:
@@ -81,13 +101,22 @@ class DiscoveryScript:
             hosts = parse(done.stdout, self.slots_per_host)
         except ValueError as error:
             raise RuntimeError(str(error)) from None
-        elsewhere = sorted(set(hosts) - _this_machine() - self._elsewhere_said)
-        if elsewhere:
-            self._elsewhere_said.update(elsewhere)
-            self._log(f"the discovery script lists host(s) {', '.join(elsewhere)}: tfdist-run "
-                      "starts every process on this machine and counts their slots here (for "
-                      "processes on other machines use horovodrun, srun or TF_CONFIG)")
-        return sum(hosts.values())
+        here = {host: slots for host, slots in hosts.items() if is_this_machine(host)}
+        elsewhere = sorted(set(hosts) - set(here))
+        if elsewhere and not here and not self._counted:
+            raise RuntimeError(
+                f"the host discovery script lists only other machines ({', '.join(elsewhere)}):"
+                " an elastic tfdist-run starts its processes on this machine; for an elastic "
+                "job across machines use horovodrun --host-discovery-script")
+        said = sorted(set(elsewhere) - self._elsewhere_said)
+        if said:
+            self._elsewhere_said.update(said)
+            self._log(f"the discovery script lists host(s) {', '.join(said)}, which are not this "
+                      "machine: their slots are not used (an elastic tfdist-run starts its "
+                      "processes on this machine; for processes on other machines use "
+                      "horovodrun --host-discovery-script)")
+        self._counted = True
+        return sum(here.values())
 
 
 class FixedSlots:

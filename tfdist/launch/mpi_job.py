@@ -15,6 +15,11 @@ started one by one. `mpi_rank` tags each whole line of a rank's output with its 
 `split_label` turns the tag back into tfdist-run's rank label, each rank's lines
 filtered as before.
 
+Across machines (`tfdist-run -H host:slots,...` naming another machine), the same mpirun
+starts the ranks there too (`-H`, reaching each host as mpirun does, by ssh), with the job's
+settings forwarded (`-x`): the ranks then describe their cluster as under any mpirun and
+swap their addresses through MPI; Open MPI's TCP transports use `--network-interface`.
+
 What mpirun changes: when a rank fails, mpirun ends the others and exits with that
 rank's code, and tfdist-run names the rank from its exit report (`mpi_rank`), as it names
 a rank it started itself; each rank is bound to a core of its own, as mpirun does by
@@ -88,12 +93,37 @@ def fits_the_cpus(num_proc: int) -> bool:
     return num_proc <= cpus
 
 
-def command(num_proc: int, user_command: List[str]) -> List[str]:
-    """The mpirun command line starting `num_proc` ranks of `user_command` on this host."""
+def command(num_proc: int, user_command: List[str], hosts: Optional[str] = None,
+            forward: Tuple[str, ...] = ()) -> List[str]:
+    """The mpirun command line starting `num_proc` ranks of `user_command` on this host, or on
+    `hosts` ("host:slots,...", mpirun's -H: other machines reached as mpirun reaches them,
+    by ssh) with the variables named in `forward` given to every rank there (-x)."""
     root = ["--allow-run-as-root"] if os.getuid() == 0 else []
-    bind = "core" if fits_the_cpus(num_proc) else "none"
-    return ["mpirun", *root, "--quiet", "--oversubscribe", "--bind-to", bind, "-np", str(num_proc),
+    if hosts:
+        placement = ["-H", hosts] + [part for name in forward for part in ("-x", name)]
+    else:
+        placement = ["--oversubscribe", "--bind-to",
+                     "core" if fits_the_cpus(num_proc) else "none"]
+    return ["mpirun", *root, "--quiet", *placement, "-np", str(num_proc),
             sys.executable, "-m", "tfdist.launch.mpi_rank", *user_command]
+
+
+def across_hosts_environment(base_env: dict, settings: dict,
+                             network_interface: Optional[str]) -> dict:
+    """The environment of an mpirun job across machines (`command` with `hosts`): the ranks
+    find each other as under any mpirun (`tfdist.process_setup.cluster`, launcher
+    "mpirun"), so none of tfdist-run's own cluster variables; `settings` (timeout, secret,
+    port range, ...) on top, and Open MPI's transports on `network_interface` when named."""
+    env = {name: value for name, value in base_env.items()
+           if name not in env_vars.CLUSTER_VARIABLES}
+    env.update(settings)
+    env.setdefault(PMIX_SECURITY, LOCAL_SECURITY)
+    if network_interface:
+        env.setdefault("OMPI_MCA_btl_tcp_if_include", network_interface)
+        env.setdefault("OMPI_MCA_oob_tcp_if_include", network_interface)
+    for name, value in port_range_settings(env.get(env_vars.PORT_RANGE.name)).items():
+        env.setdefault(name, value)
+    return env
 
 
 def environment(rank_envs: List[dict], port_range: Optional[str] = None) -> dict:
@@ -129,9 +159,13 @@ def port_range_settings(port_range: Optional[str]) -> dict:
     if not port_range:
         return {}
     first, last = (int(part) for part in port_range.split("-", 1))
-    return {"OMPI_MCA_oob_tcp_dynamic_ipv4_ports": f"{first}-{last}",
-            "OMPI_MCA_btl_tcp_port_min_v4": str(first),
-            "OMPI_MCA_btl_tcp_port_range_v4": str(last - first + 1)}
+    if last - first < 2:
+        return {}  # too narrow to share: Open MPI keeps its own ports
+    # The out-of-band channel: one fixed port per daemon, the range's first (its "dynamic"
+    # ports would be listened on all at once); the TCP transport: one port per rank above.
+    return {"OMPI_MCA_oob_tcp_static_ipv4_ports": str(first),
+            "OMPI_MCA_btl_tcp_port_min_v4": str(first + 1),
+            "OMPI_MCA_btl_tcp_port_range_v4": str(last - first)}
 
 
 def rank_failures(directory: str) -> List[Tuple[str, int]]:
