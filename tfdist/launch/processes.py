@@ -135,7 +135,8 @@ class ProcessGroup:
                                              reported_failures=reported_failures))
 
     def forward_signals(self):
-        """Relay SIGINT/SIGTERM to every worker instead of dying silently.
+        """Relay SIGINT/SIGTERM to every worker instead of dying silently; a second one
+        kills every process at once (said once each).
 
         Parameter servers are not signalled: the workers may still need them to finish
         a step (a preemption notice backs up after the next one, `tfdist.strategies.
@@ -143,8 +144,14 @@ class ProcessGroup:
         """
 
         def handler(signum, _frame):
+            name = signal.Signals(signum).name
+            if self._stop_signal is not None:  # asked again (a second Ctrl-C): no more waiting
+                self._log(f"received {name} again: killing every process now")
+                for proc in self.processes:
+                    proc.signal_group(signal.SIGKILL)
+                return
             self._stop_signal = signum
-            self._log(f"received {signal.Signals(signum).name}, stopping all processes")
+            self._log(f"received {name}, stopping all processes (again to kill them at once)")
             for proc in self.processes:
                 if not proc.label.startswith("s"):
                     proc.signal_group(signum)
