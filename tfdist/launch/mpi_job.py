@@ -31,13 +31,14 @@ benchmark's noise. Not for elastic jobs (their size changes between starts of si
 processes).
 """
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 from functools import lru_cache
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from tfdist import env_vars
 
@@ -168,10 +169,18 @@ def port_range_settings(port_range: Optional[str]) -> dict:
             "OMPI_MCA_btl_tcp_port_range_v4": str(last - first)}
 
 
-def rank_failures(directory: str) -> List[Tuple[str, int]]:
-    """[(rank label, exit code)] of the ranks whose wrapper reported a failure in `directory`
-    (`mpi_rank.report_exit`), in rank order: tfdist-run stops the job on the first even while
-    mpirun has not ended."""
+class RankFailure(NamedTuple):
+    """A rank's exit report (`mpi_rank.report_exit`)."""
+
+    label: str
+    code: int
+    last_lines: Tuple[str, ...]
+
+
+def rank_failures(directory: str) -> List[RankFailure]:
+    """The ranks whose wrapper reported a failure in `directory` (`mpi_rank.report_exit`), in
+    rank order: tfdist-run stops the job on the first even while mpirun has not ended, and
+    prints the rank's last lines where mpirun did not relay them."""
     failures = []
     try:
         names = [name for name in os.listdir(directory) if name.isdigit()]
@@ -180,8 +189,10 @@ def rank_failures(directory: str) -> List[Tuple[str, int]]:
     for name in sorted(names, key=int):
         try:
             with open(os.path.join(directory, name), encoding="utf-8") as f:
-                failures.append((name, int(f.read().strip())))
-        except (OSError, ValueError):
+                report = json.load(f)
+            failures.append(RankFailure(name, int(report["code"]),
+                                        tuple(str(line) for line in report["last_lines"])))
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     return failures
 

@@ -17,7 +17,9 @@ left in tfdist-run's `TFDIST_EXIT_REPORTS_DIR` (`report_exit`), read even while 
 does not end.
 """
 
+import collections
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +31,7 @@ from tfdist.env_vars import Foreign
 _PR_SET_PDEATHSIG = 1
 TAG = "[tfdist-rank {rank}] "
 EXIT = "[tfdist-rank {rank} exited {code}]"  # the last line of a rank that failed
+REPORTED_LINES = 5  # a failed rank's last lines, kept in its exit report
 
 
 def _end_with_this_process():
@@ -63,27 +66,30 @@ def main(argv=None) -> int:
         signal.signal(signum, lambda received, _frame: child.send_signal(received))
     tag = TAG.format(rank=rank).encode()
     out = sys.stdout.buffer
+    last = collections.deque(maxlen=REPORTED_LINES)
     for line in iter(child.stdout.readline, b""):
         out.write(tag + line if line.endswith(b"\n") else tag + line + b"\n")
         out.flush()
+        last.append(line.decode(errors="replace").rstrip("\n"))
     code = child.wait()
     code = 128 - code if code < 0 else code
     if code != 0:
-        report_exit(rank, code)
+        report_exit(rank, code, list(last))
         out.write(EXIT.format(rank=rank, code=code).encode() + b"\n")
         out.flush()
     return code
 
 
-def report_exit(rank, code):
-    """Leave the failed rank's exit code where tfdist-run looks (`mpi_job.rank_failures`):
-    mpirun, which relays the `EXIT` line, may itself be held and not end."""
+def report_exit(rank, code, last_lines=()):
+    """Leave the failed rank's exit code and its last lines of output where tfdist-run looks
+    (`mpi_job.rank_failures`): mpirun, which relays the `EXIT` line and the output, may
+    itself be held and not end."""
     directory = env_vars.EXIT_REPORTS_DIR.get()
     if not directory:
         return
     try:
         with open(os.path.join(directory, f".rank-{rank}"), "w", encoding="utf-8") as f:
-            f.write(str(code))
+            json.dump({"code": code, "last_lines": list(last_lines)}, f)
         os.replace(os.path.join(directory, f".rank-{rank}"), os.path.join(directory, rank))
     except OSError:  # the launcher's directory is gone: the job is ending anyway
         pass

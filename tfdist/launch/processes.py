@@ -7,6 +7,7 @@ label ("[0]", "[1]", ..., "[s0]" for servers) and pass through the job's
 `OutputFilter` (start-up noise and repeated warnings left out).
 """
 
+import collections
 import os
 import signal
 import subprocess
@@ -30,6 +31,8 @@ class ManagedProcess:
         self._output = output or sys.stdout
         self._filter = output_filter or OutputFilter(enabled=False)
         self._keep = {label: self._filter.stream()}  # per label: each rank's lines filtered
+        self._relayed = {label: collections.deque(maxlen=8)}  # per label: its last lines
+        self._reports_printed = set()  # labels whose exit report's lines were printed
         # line -> (label, text): a process relaying several ranks' lines (mpirun's, tagged
         # by `tfdist.launch.mpi_rank`: `mpi_job.split_label`); (None, text) keeps this label,
         # (label, None) reports that rank's failure
@@ -51,7 +54,6 @@ class ManagedProcess:
         self._relay.start()
 
     def _relay_output(self):
-        out = getattr(self._output, "buffer", None)
         for raw in iter(self.popen.stdout.readline, b""):
             label, text = None, raw.decode(errors="replace")
             if self._split_label is not None:
@@ -62,14 +64,20 @@ class ManagedProcess:
             label = self.label if label is None else label
             if label not in self._keep:
                 self._keep[label] = self._filter.stream()
+                self._relayed[label] = collections.deque(maxlen=8)
+            self._relayed[label].append(text.rstrip("\n"))
             prefix = f"[{label}] ".encode()
             for line in self._keep[label](text):
-                if out is not None:
-                    out.write(prefix + line.encode(errors="replace"))
-                    out.flush()
-                else:
-                    self._output.write(prefix.decode() + line)
-                    self._output.flush()
+                self._write(prefix, line)
+
+    def _write(self, prefix, line):
+        out = getattr(self._output, "buffer", None)
+        if out is not None:
+            out.write(prefix + line.encode(errors="replace"))
+            out.flush()
+        else:
+            self._output.write(prefix.decode() + line)
+            self._output.flush()
 
     @property
     def relays_ranks(self):
@@ -88,10 +96,23 @@ class ManagedProcess:
         code = self.popen.poll()
         if code is not None and code != 0:
             return code
-        for label, reported in (self._reported_failures or list)():
-            self.failed_label = self.failed_label or label
-            return reported
+        for failure in (self._reported_failures or list)():
+            self.failed_label = self.failed_label or failure.label
+            self._print_unrelayed(failure.label, failure.last_lines)
+            return failure.code
         return None
+
+    def _print_unrelayed(self, label, last_lines):
+        """A rank's last lines, from its exit report, where the process relaying its output
+        has not relayed them (mpirun held by a stranger relays nothing)."""
+        if (not last_lines or label in self._reports_printed
+                or last_lines[-1] in self._relayed.get(label, ())):
+            return
+        self._reports_printed.add(label)
+        keep = self._keep.setdefault(label, self._filter.stream())
+        for text in last_lines:
+            for line in keep(text + "\n"):
+                self._write(f"[{label}] ".encode(), line)
 
     def signal_group(self, signum):
         try:
