@@ -171,6 +171,7 @@ def test_mpirun_across_hosts_matches_one_process_and_saves_on_each_disk(hosts, r
 
     def launch(args):
         done = _launch(hosts, "mpirun", 1, args)
+        print(done.stdout[-3000:], done.stderr[-3000:])  # shown if the test fails
         return done.returncode
 
     results = _saves(hosts, launch)

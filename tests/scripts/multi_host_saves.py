@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import socket
-import sys
 
 import keras
 import numpy as np
@@ -26,7 +25,7 @@ import tfdist
 
 
 class StopAfter(keras.callbacks.Callback):
-    """Exit the process after an epoch, as if the job had been stopped there."""
+    """End the run after an epoch (exit code 3), as if the job had been stopped there."""
 
     def __init__(self, epoch):
         super().__init__()
@@ -34,8 +33,7 @@ class StopAfter(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 == self.epoch:
-            sys.stdout.flush()
-            os._exit(3)  # pylint: disable=protected-access
+            raise SystemExit(3)
 
 
 def main():

@@ -5,7 +5,8 @@ a tfdist strategy, without changes to the user's script:
 
 * non-chief ranks get no progress bar, and their `TensorBoard`,
   `ModelCheckpoint` and `CSVLogger` callbacks are dropped (the chief writes
-  them); `BackupAndRestore` writes, deletes and reads backups on the chief
+  them; a `ModelCheckpoint` is kept in a job across hosts, where its saves
+  give each host the chief's file); `BackupAndRestore` writes, deletes and reads backups on the chief
   only and resumes every rank at the next batch (`backup`);
 * `jit_compile` is turned off for multi-process models (XLA cannot compile
   the cross-process collectives inside the step);
@@ -155,10 +156,12 @@ def _with_step_timeout(model, callbacks):
 
 def _for_non_chief(callbacks, strategy):
     """A non-chief rank's callbacks: no writers, except `ModelCheckpoint` where the gradient
-    compressor keeps per-rank state (its `model.save` writes only that, `rank_state`) or the
-    optimizer state is sharded (its `model.save` gives the chief this rank's slices)."""
+    compressor keeps per-rank state (its `model.save` writes only that, `rank_state`), the
+    optimizer state is sharded (its `model.save` gives the chief this rank's slices), or the
+    job spans hosts (its `model.save` gives this host the chief's file: `chief_saves`)."""
     own_state = (rank_state.keeps_rank_state(strategy)
-                 or strategy.extended.optimizer_state.every_rank_saves)
+                 or strategy.extended.optimizer_state.every_rank_saves
+                 or strategy.extended.chief_saves is not None)
     return [callback for callback in (keras.tree.flatten(callbacks) if callbacks else [])
             if not isinstance(callback, _CHIEF_ONLY_WRITERS)
             or (own_state and isinstance(callback, keras.callbacks.ModelCheckpoint))]

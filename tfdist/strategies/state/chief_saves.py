@@ -17,7 +17,9 @@ load stale weights without a word. So in a job across hosts (`Cluster.on_one_hos
   SHA-256. The chief never waits for anyone;
 * another rank that saves (`ChiefSaveClient.fetch`) asks the chief for its save of the same
   path with the same weights (or, where the chief saved them elsewhere - a rank saving to a
-  path of its own, MultiWorkerMirroredStrategy's guide - that one); once the chief has
+  path of its own, MultiWorkerMirroredStrategy's guide - that one, after a grace of
+  `ELSEWHERE_GRACE_SECONDS` in which the chief's save of this path may still complete);
+  once the chief has
   completed it, the rank compares the manifest with its own disk: where the path is the
   chief's file (a shared file system: same size and time, else same SHA-256) nothing
   moves; else it copies the chief's bytes in pieces of `PIECE_BYTES`, checks their SHA-256,
@@ -60,6 +62,7 @@ from tfdist.strategies.state import replica_consistency
 
 PIECE_BYTES = 4 * 1024 * 1024  # one request's bytes
 REQUEST_SECONDS = 15.0  # a request's own bound (a copy takes one per piece)
+ELSEWHERE_GRACE_SECONDS = 3.0  # before the chief's save to another path is taken for this one
 _KEPT = 64  # saves the chief remembers
 _POLL_SECONDS = (0.02, 0.2)  # first and longest pause between queries
 PENDING, DONE, OTHER_WEIGHTS = 0, 1, 2
@@ -311,6 +314,7 @@ class ChiefSaveClient:
         deadline = time.monotonic() + self.timeout
         pause = _POLL_SECONDS[0]
         reply = {"state": PENDING}
+        elsewhere_since = None
         while True:
             try:
                 reply = json.loads(self._request("GET", "/query", path=path, whole=saved.whole,
@@ -318,6 +322,13 @@ class ChiefSaveClient:
             except OSError as error:  # not answering now: the chief may be gone
                 logging.log_first_n(logging.INFO, "tfdist rank %d: the chief's save service "
                                     "did not answer (%s)", 1, self.rank, error)
+            if reply["state"] == DONE and reply["path"] != path:
+                # The chief's save of these weights to another path: this rank's own path
+                # (MultiWorkerMirroredStrategy's guide) - unless the chief's save of this one
+                # is still being written: taken after a grace.
+                elsewhere_since = elsewhere_since or time.monotonic()
+                if time.monotonic() - elsewhere_since < ELSEWHERE_GRACE_SECONDS:
+                    reply = {"state": PENDING}
             if reply["state"] == DONE:
                 self._make_local(path, reply)
                 return
