@@ -26,8 +26,9 @@ class ListeningSocket(NamedTuple):
 
     def describe(self) -> str:
         where = {"0.0.0.0": "every IPv4 interface", "::": "every IPv6 interface"}
-        scope = where.get(self.address, "loopback" if self.address.startswith("127.")
-                          or self.address == "::1" else "one interface")
+        ip = self.address[len("::ffff:"):] if self.address.startswith("::ffff:") else self.address
+        scope = where.get(ip, "loopback" if ip.startswith("127.") or ip == "::1"
+                          else "one interface")
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"{host}:{self.port} ({scope}) by {self.process} (pid {self.pid})"
 
