@@ -32,7 +32,12 @@ accumulation, the custom loop, the saved files) as 3 processes on TensorFlow's c
 in make test; every case in-process, as 4 processes and on Horovod's engine (3 processes,
 reduce-scattered gradients) in make test-all, where alone run_eagerly's masked GRU and the
 sparse input run (their paths run unsharded in make test). To
-keep make test within its time: Ray Train's restart, the async PS's Downpour accounting
+keep make test within its time: the cluster's exposure (test_cluster_exposure.py) is poked on
+the default engine and TensorFlow's collectives in make test, on Horovod's and the parameter
+servers' (and held open) in make test-all; across emulated hosts (test_multi_host.py) make
+test runs mpirun -H with the saves and the resume, make test-all TF_CONFIG, horovodrun -H,
+tfdist-run -H 2x2 and a killed remote rank; Horovod's examples (test_horovod_examples.py)
+under tfdist-run in make test, horovodrun and mpirun in make test-all. Ray Train's restart, the async PS's Downpour accounting
 launch, a worker SIGKILLed by the kill matrix (test_elastic's is), and the in-process runs
 of cases make test runs as processes (multi_io_weights, saves_on_rank_zero) are make
 test-all's.

@@ -41,6 +41,8 @@ BUDGETS = {
     "test_elastic.py": 140,           # 55.7 (three runs of one job + the plain reference)
     "test_sharded_optimizer.py": 120,  # 46 (one 3-process launch + the plain reference)
     "test_mpi_engine.py": 150,        # 61 for three of its four launches + the reference
+    "test_multi_host.py": 150,        # 58: mpirun -H, its equivalence, a stopped job resumed
+    "test_cluster_exposure.py": 130,  # 51: two poked jobs, a --verbose one, the reference
     # make test-fast (the in-process tier), measured on this machine:
     "test_keras_in_process.py": 300,  # 87 + 105: 27 real-world cases (issue 48: 9 runs)
     "test_resume_in_process.py": 180,  # 71; 120 with a multi-process run beside it
