@@ -1,6 +1,7 @@
 """Single-process units: tensor fusion, gradient compression and global-batch sharding."""
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -304,3 +305,33 @@ def test_a_missing_tensorflow_names_the_install_extra(monkeypatch):
     assert missing.value.name == "tensorflow"
     assert "no 'tensorflow' module" in str(missing.value)
     assert "tfdist[cpu]" in str(missing.value) and "tfdist[tf]" in str(missing.value)
+
+
+def test_a_liveness_port_logs_a_stranger_and_answers_the_jobs_probes(caplog):
+    """The MPI engine's liveness port answers nothing; the job's probes carry the token and a
+    connect-only probe is quiet, while a stranger's bytes are logged once; every probe of a
+    live port succeeds, a closed one is refused."""
+    import logging as std_logging  # pylint: disable=import-outside-toplevel
+    import socket  # pylint: disable=import-outside-toplevel
+
+    from tfdist.comm import liveness  # pylint: disable=import-outside-toplevel
+
+    held = ports.reserve_ports(1)[0]
+    port = liveness.LivenessPort(held, b"the-token", "a liveness port")
+    address = f"127.0.0.1:{held.port}"
+    with caplog.at_level(std_logging.WARNING):
+        assert liveness.probe_failure(address, 2.0, b"the-token") is None
+        assert liveness.probe_failure(address, 2.0) is None
+        time.sleep(1.2)
+        assert "refused" not in caplog.text
+        for _ in range(2):
+            with socket.create_connection(("127.0.0.1", held.port)) as stranger:
+                stranger.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                try:
+                    assert stranger.recv(16) == b""  # nothing answered: closed by the port
+                except ConnectionResetError:
+                    pass  # closed with unread bytes
+        time.sleep(0.5)
+    assert caplog.text.count("refused a connection from 127.0.0.1") == 1, caplog.text
+    port.close()
+    assert liveness.probe_failure(address, 2.0) == liveness.REFUSED

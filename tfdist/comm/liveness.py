@@ -51,6 +51,7 @@ import time
 
 from absl import logging
 
+from tfdist import env_vars
 from tfdist.process_setup.cluster import validate_address
 
 PROBE_INTERVAL_SECONDS = 2.0
@@ -99,9 +100,10 @@ PROBE_FAILURES = {
 }
 
 
-def probe_failure(address, timeout=PROBE_TIMEOUT_SECONDS):
+def probe_failure(address, timeout=PROBE_TIMEOUT_SECONDS, token=b""):
     """None if something accepts connections on "host:port", else how the probe failed:
-    `REFUSED`, `SILENT` (no answer within `timeout`) or `NO_ROUTE`.
+    `REFUSED`, `SILENT` (no answer within `timeout`) or `NO_ROUTE`. `token`: sent once
+    connected (a `LivenessPort` of the job logs a peer that sends anything else).
 
     The kernel accepts connections for a live process however busy that process is,
     so silence within `timeout` means the host or the network, not a slow process.
@@ -109,7 +111,10 @@ def probe_failure(address, timeout=PROBE_TIMEOUT_SECONDS):
     """
     host, port = address.rsplit(":", 1)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
+        with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+            if token:
+                with contextlib.suppress(OSError):
+                    connection.sendall(token)
             return None
     except ConnectionRefusedError:
         return REFUSED
@@ -128,6 +133,57 @@ def unreachable(address, timeout=PROBE_TIMEOUT_SECONDS):
     not refuse connections, it stays silent.
     """
     return probe_failure(address, timeout) is not None
+
+
+class LivenessPort:
+    """A listening socket that tells a peer's `PeerMonitor` this process is still there: it
+    accepts every connection and closes it, answering nothing. A connection that sends
+    something other than the job's token (`token`, what this job's probes send) is a
+    stranger's: refused and logged, once per peer address; the job goes on. Each
+    connection is read for at most `READ_SECONDS`.
+
+    Args:
+        held: the `tfdist.comm.ports.PortReservation` of the port (bound where the peers are).
+        token: what this job's probes send (`job_secret.token`; b"" without a secret).
+        name: how the log names it.
+    """
+
+    READ_SECONDS = 0.5
+
+    def __init__(self, held, token, name):
+        self._socket = held.listening_socket()
+        self._token = token
+        self._name = name
+        self._refused = set()
+        self._thread = threading.Thread(target=self._accept, daemon=True,
+                                        name="tfdist-liveness-port")
+        self._thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                connection, peer = self._socket.accept()
+            except OSError:  # closed
+                return
+            with connection:
+                self._check(connection, peer[0])
+
+    def _check(self, connection, peer):
+        connection.settimeout(self.READ_SECONDS)
+        try:
+            sent = connection.recv(len(self._token) + 1)
+        except OSError:  # nothing within the time (a connect-only probe), or reset
+            return
+        if sent and sent != self._token and peer not in self._refused:
+            self._refused.add(peer)
+            logging.warning("tfdist: %s refused a connection from %s that did not carry the "
+                            "job's secret (%s); the job goes on", self._name, peer,
+                            env_vars.SECRET.name)
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
 
 
 class ProbeCounter:
@@ -166,13 +222,14 @@ class PeerMonitor:
             "deadline" (a wait lasted too long).
     """
 
-    def __init__(self, rank, addresses, timeout, on_failure):
+    def __init__(self, rank, addresses, timeout, on_failure, token=b""):
         for peer, address in enumerate(addresses):
             validate_address(address, f"tfdist rank {rank}: the address of rank {peer}")
         self.rank = rank
         self.addresses = tuple(addresses)
         self.timeout = float(timeout)
         self._on_failure = on_failure
+        self._token = token  # sent by each probe (the peers' `LivenessPort`s check it)
         self._waits = {}  # token -> (description, start, has_deadline)
         self._tokens = itertools.count()
         self._stop = threading.Event()
@@ -218,7 +275,9 @@ class PeerMonitor:
 
     def _watch(self):
         peers = [peer for peer in range(len(self.addresses)) if peer != self.rank]
-        probes = ProbeCounter(self.addresses, probe_failure)
+        probes = ProbeCounter(self.addresses,
+                              lambda address, timeout: probe_failure(address, timeout,
+                                                                     self._token))
         gone_since = None
         while not self._stop.wait(PROBE_INTERVAL_SECONDS):
             if not threading.main_thread().is_alive():

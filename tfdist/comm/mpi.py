@@ -30,27 +30,29 @@ the whole job (Open MPI's default). What MPI cannot notice: a peer that exits no
 a save on rank 0 alone), and a peer alive but out of step (not calling the matching
 collective). For the first, every rank listens on its port of the job's worker
 addresses (given by tfdist-run, exchanged through MPI under mpirun and srun), accepting
-and closing connections, only so that `tfdist.comm.liveness.PeerMonitor` can tell it
-is gone, as it does for TensorFlow's collectives; for the second, `expect_progress`
+and closing connections (`tfdist.comm.liveness.LivenessPort`: the probes carry a token
+of the job's secret, a stranger's bytes are logged), only so that
+`tfdist.comm.liveness.PeerMonitor` can tell it is gone, as it does for TensorFlow's
+collectives; for the second, `expect_progress`
 bounds every compiled call (and each eager collective) by the timeout. Either ends
 this process with a message naming the rank and the wait (MPI cannot cancel a pending
 collective), after which the launcher stops the others. An error MPI returns fails the
 op with MPI's text and the rank.
 """
 
-import contextlib
-import socket
-import threading
 
 import tensorflow as tf
 from absl import logging
 
 from tfdist.comm import mpi_kernels
 from tfdist.comm.base import Communicator, checked_scatter
-from tfdist.comm.liveness import PeerMonitor, ending_the_process
+from tfdist.comm.liveness import LivenessPort, PeerMonitor, ending_the_process
 from tfdist.comm.mpi_init import initialized_mpi
 from tfdist.errors import ClusterError
+from tfdist.process_setup import job_secret
 from tfdist.process_setup.cluster import Cluster
+
+LIVENESS_PURPOSE = "tfdist liveness"  # what the probes' token is derived for (`job_secret`)
 
 
 def unavailable_reason(cluster=None):
@@ -63,35 +65,6 @@ def unavailable_reason(cluster=None):
     except ImportError as error:
         return str(error)
     return mpi_kernels.unavailable_reason()
-
-
-class _LivenessPort:
-    """A listening socket on this rank's port that accepts and closes every connection: what
-    tells a peer's `PeerMonitor` that this process is still there (no data is exchanged).
-
-    Args:
-        held: the `tfdist.comm.ports.PortReservation` of this rank's port (bound where the
-            job's peers are: loopback for a job on one host).
-    """
-
-    def __init__(self, held):
-        self._socket = held.listening_socket()
-        self._thread = threading.Thread(target=self._accept, daemon=True,
-                                        name="tfdist-mpi-liveness")
-        self._thread.start()
-
-    def _accept(self):
-        while True:
-            try:
-                connection, _ = self._socket.accept()
-            except OSError:  # closed
-                return
-            connection.close()
-
-    def close(self):
-        with contextlib.suppress(OSError):
-            self._socket.shutdown(socket.SHUT_RDWR)
-        self._socket.close()
 
 
 # Element types Open MPI sums through the ops (float16 and bfloat16 by the ops' own
@@ -137,9 +110,10 @@ class MpiCommunicator(Communicator):
                 f"{mpi.Query_thread()}; the MPI engine calls it from TensorFlow's threads and "
                 "needs MPI_THREAD_SERIALIZED or more (do not set mpi4py.rc.thread_level lower)")
         self.transport = "mpi"
-        self._listener = _LivenessPort(held_port)
+        token = job_secret.token(job_secret.job_secret(), LIVENESS_PURPOSE).encode()
+        self._listener = LivenessPort(held_port, token, f"rank {self.rank}'s liveness port")
         self._monitor = PeerMonitor(self.rank, cluster.worker_addresses, self.timeout,
-                                    ending_the_process("MPI"))
+                                    ending_the_process("MPI"), token)
         logging.info("tfdist rank %d: MPI engine on %s", self.rank,
                      mpi.Get_library_version().splitlines()[0])
 
