@@ -335,3 +335,27 @@ def test_a_liveness_port_logs_a_stranger_and_answers_the_jobs_probes(caplog):
     assert caplog.text.count("refused a connection from 127.0.0.1") == 1, caplog.text
     port.close()
     assert liveness.probe_failure(address, 2.0) == liveness.REFUSED
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-np", "4", "-H", "localhost:2"], "-H offers 2 slots for 4 processes"),
+    (["-np", "2", "-H", "elsewhere.invalid:2", "--no-mpi"],
+     "-H names other machines (elsewhere.invalid): tfdist-run starts processes there through "
+     "one mpirun"),
+    (["-np", "2", "-H", "elsewhere.invalid:2", "--min-np", "1"],
+     "an elastic tfdist-run starts its processes on this machine"),
+    (["-np", "2", "--port-range", "10-5"], "--port-range"),
+    (["-np", "2", "--port-range", "2000-2100", "--port-base", "3000"], "cannot go together"),
+    (["-np", "2", "--network-interface", "no-such-interface0"], "no such interface"),
+])
+def test_tfdist_run_refuses_hosts_and_ports_it_cannot_use_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(argv + ["python", "-c", "pass"])
+    assert message in capsys.readouterr().err
+
+
+def test_tfdist_run_with_this_machine_alone_in_its_host_list_runs_here():
+    parser = cli.build_parser()
+    args = parser.parse_args(["-np", "2", "-H", "localhost:1,127.0.0.1:1", "python", "x.py"])
+    cli.validate(args, parser)
+    assert args.remote_hosts == []
