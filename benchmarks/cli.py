@@ -4,7 +4,7 @@
     tfdist-bench --only allreduce     # one part: allreduce, backends, fit, compression, tree, ps,
                                       # large_batch, sparse, async, patterns, profiling,
                                       # anatomy, overlap, anchor, engines, engine_step, peer,
-                                      # horovod_api, elastic, sharding,
+                                      # horovod_api, elastic, sharding, cluster,
                                       # emulated, revision
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
@@ -219,8 +219,19 @@ def run_sparse(tmp):
     return result
 
 
+def run_cluster(tmp):
+    """The parameter server's workers on Open MPI's engine against TensorFlow's collectives,
+    and the start-up (benchmarks/cluster_costs.py)."""
+    from benchmarks import cluster_costs  # pylint: disable=import-outside-toplevel
+
+    del tmp
+    result = cluster_costs.measure()
+    write_result("cluster_costs.json", result)
+    return result
+
+
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
-         "compression": run_compression, "tree": run_tree, "ps": run_ps,
+         "compression": run_compression, "tree": run_tree, "ps": run_ps, "cluster": run_cluster,
          "large_batch": large_batch.run, "sparse": run_sparse, "async": async_report.run,
          "patterns": lambda tmp: keras_patterns_report.main([]),
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,
