@@ -219,3 +219,31 @@ def test_a_rank_killed_on_the_other_host_is_named(hosts):
     assert done.returncode != 0
     assert "rank 1" in output and ("is gone" in output or "exited with code" in output), \
         output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_cut_link_is_said_as_unreachable(hosts):
+    """The link to the other host goes down mid-training (TF_CONFIG, TensorFlow's
+    collectives): rank 0 says its peer is unreachable - not that it died - within seconds."""
+    cluster = {"worker": [f"{name}:{PORT}" for name in HOSTS]}
+    procs = [subprocess.Popen(
+        hosts.exec_prefix(r) + [sys.executable, script("failure_modes.py"), "slow"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(hosts.env, TF_CONFIG=json.dumps({"cluster": cluster,
+                                                  "task": {"type": "worker", "index": r}})))
+        for r in range(2)]
+    try:
+        lines = []
+        for line in procs[0].stdout:  # until training is under way
+            lines.append(line)
+            if "epoch 1 started" in line:
+                break
+        subprocess.run(["ip", "netns", "exec", hosts.namespace(1), "ip", "link", "set", "eth0",
+                        "down"], check=True)
+        output = "".join(lines) + procs[0].communicate(timeout=120)[0]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert procs[0].returncode != 0
+    assert (f"peer rank 1 ({HOSTS[1]}:{PORT}) is unreachable (its host does not answer: the "
+            "host is down or the network link to it is cut)") in output, output[-3000:]

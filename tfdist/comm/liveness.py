@@ -260,8 +260,14 @@ class PeerMonitor:
 
     def gone_peers(self):
         """Ranks whose port does not accept connections now (their process is gone)."""
-        return [peer for peer, address in enumerate(self.addresses)
-                if peer != self.rank and unreachable(address, PROBE_TIMEOUT_SECONDS)]
+        return list(self.peer_failures())
+
+    def peer_failures(self):
+        """{rank: how its probe failed (`PROBE_FAILURES`)} of the peers that are gone or
+        unreachable now."""
+        failures = {peer: probe_failure(address, PROBE_TIMEOUT_SECONDS, self._token)
+                    for peer, address in enumerate(self.addresses) if peer != self.rank}
+        return {peer: failure for peer, failure in failures.items() if failure is not None}
 
     # ------------------------------------------------------------ thread
     def _run(self):

@@ -55,7 +55,7 @@ from absl import logging
 
 from tfdist import _tf
 from tfdist.comm.base import Communicator, checked_static_shape
-from tfdist.comm.liveness import PeerMonitor
+from tfdist.comm.liveness import PROBE_FAILURES, PeerMonitor
 from tfdist.comm.ports import port_is_free
 from tfdist.comm.trace_counter import TraceStableCounter
 from tfdist.errors import ClusterError, explain_uncaught
@@ -244,11 +244,12 @@ class CollectiveCommunicator(Communicator):
         if not (isinstance(error, tf.errors.OpError) and "ollective" in str(error)):
             return None
         self.stop_watching()
-        dead = self.gone_peers()
-        if dead:
-            names = ", ".join(f"peer rank {p} ({self.addresses[p]})" for p in dead)
-            return (f"tfdist rank {self.rank}: training failed because {names} is "
-                    "unreachable; that process has probably died (see its output).")
+        failures = self._monitor.peer_failures()
+        if failures:
+            names = "; ".join(f"peer rank {p} ({self.addresses[p]}): {PROBE_FAILURES[kind]}"
+                              for p, kind in sorted(failures.items()))
+            return (f"tfdist rank {self.rank}: training failed because a peer is gone or "
+                    f"unreachable - {names} (see its output).")
         return (f"tfdist rank {self.rank}: a collective operation failed: "
                 f"{error.message.splitlines()[0]}")
 
