@@ -36,8 +36,7 @@ class Steps(keras.callbacks.Callback):
 
 
 def main():
-    # The process's start, as tfdist-run's clock would see it (its children start together).
-    started = float(os.environ.get("TFDIST_BENCH_LAUNCHED", STARTED))
+    started = STARTED  # this process's start (tfdist-run starts its ranks together)
     strategy = tfdist.strategies.ParameterServerStrategy()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64 * 20, 64)).astype("float32")
