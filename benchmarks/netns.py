@@ -154,6 +154,16 @@ class EmulatedNetwork:
         host name and disk where the network has them)."""
         return ["ip", "netns", "exec", self.namespace(host)] + self._host_setup(host)
 
+    def daemon_prefix(self, host):
+        """Like `exec_prefix`, for a daemon that needs the machine's /sys as it is (slurmd
+        reads its cgroups there, which `ip netns exec` remounts away): the namespace entered
+        with nsenter, its /etc/hosts bound in by hand."""
+        namespace = self.namespace(host)
+        steps = [f"mount --bind {NETNS_ETC}/{namespace}/hosts /etc/hosts"] + self._steps(host)
+        return (["nsenter", f"--net=/run/netns/{namespace}", "unshare", "--uts", "--mount",
+                 "--propagation", "private", "sh", "-c", " && ".join(steps) + ' && exec "$@"',
+                 "sh"])
+
     def own_dir(self, host, directory):
         """Where `host`'s own copy of `directory` (one of `private_dirs`) lives."""
         return os.path.join(self.scratch, self.host_names[host],
@@ -164,14 +174,20 @@ class EmulatedNetwork:
         own name and disk; [] otherwise."""
         if self.host_names is None:
             return []
+        return ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
+                " && ".join(self._steps(host)) + ' && exec "$@"', "sh"]
+
+    def _steps(self, host):
+        """The shell steps that give `host` its name and its own directories."""
+        if self.host_names is None:
+            return []
         steps = [f"hostname {self.host_names[host]}"]
         for directory in self.private_dirs:
             own = self.own_dir(host, directory)
             os.makedirs(own, exist_ok=True)
             os.makedirs(directory, exist_ok=True)
             steps.append(f"mount --bind '{own}' '{directory}'")
-        return ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
-                " && ".join(steps) + ' && exec "$@"', "sh"]
+        return steps
 
     def setup_environment(self):
         """For `benchmarks.netns_ssh`: {variable: value} that makes its ssh enter each host as

@@ -4,7 +4,8 @@ Each host is a network namespace on a bridge (`benchmarks.netns`), with a host n
 own (a UTS namespace; every host's /etc/hosts names all of them) and a disk of its own (the
 job's directory is a different directory on each host). The launchers reach the hosts as
 they reach real ones: `mpirun -H` and `horovodrun -H` by ssh (`benchmarks.netns_ssh`, which
-enters the host's namespaces), TF_CONFIG one process per host. Checked:
+enters the host's namespaces), srun through a slurmd on each host, TF_CONFIG one process per
+host. Checked:
 
 * training matches one process within 1e-4, each rank's local rank is its host's;
 * every rank saves (`model.save`, `save_weights`, `ModelCheckpoint`, `BackupAndRestore`) on
@@ -15,7 +16,8 @@ enters the host's namespaces), TF_CONFIG one process per host. Checked:
 
 Needs root (network namespaces), as CI runs; skipped with the reason otherwise. make test
 runs mpirun -H (the MPI engine over TCP) with the saves and the resume; make test-all the
-other launchers, 2x2 and the killed rank.
+other launchers (srun on a two-node Slurm of the emulated hosts, `benchmarks.netns_slurm`),
+2x2, a killed rank and a cut link.
 """
 
 import json
@@ -82,6 +84,8 @@ def _launch(hosts, kind, per_host, args, timeout=400):
     elif kind == "horovodrun":
         command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo",
                    "--disable-cache", "--start-timeout", "120", "-np", str(world), "-H", slots]
+    elif kind == "srun":
+        command = ["srun", "-N", "2", "-n", str(world), f"--ntasks-per-node={per_host}"]
     elif kind == "tfdist-run":
         command = [sys.executable, "-m", "tfdist.launch", "-np", str(world), "-H", slots,
                    "--timeout", "60"]
@@ -208,6 +212,32 @@ def test_tfdist_run_across_hosts_two_per_host(hosts, reference):
         return _launch(hosts, "tfdist-run", 2, args).returncode
 
     _saves(hosts, launch, per_host=2)
+
+
+@pytest.mark.slow
+def test_srun_across_hosts_matches_one_process_and_saves_on_each_disk(hosts, reference,
+                                                                      tmp_path):
+    """A two-node Slurm on the emulated hosts (`benchmarks.netns_slurm`): rank 0 serves the
+    address store on the step's first node."""
+    from benchmarks import netns_slurm  # pylint: disable=import-outside-toplevel
+
+    try:
+        slurm = netns_slurm.EmulatedSlurm(hosts, str(tmp_path / "slurm")).__enter__()
+    except netns_slurm.SlurmUnavailable as reason:
+        if os.environ.get("TFDIST_REQUIRE_SLURM"):
+            raise
+        pytest.skip(str(reason))
+    try:
+        hosts.env = slurm.env(hosts.env)
+        output = _equivalence(hosts, "srun", 1, reference)
+        assert "launched by srun" in output
+
+        def launch(args):
+            return _launch(hosts, "srun", 1, args).returncode
+
+        _saves(hosts, launch)
+    finally:
+        slurm.close()
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ keep make test within its time: the cluster's exposure (test_cluster_exposure.py
 the default engine and TensorFlow's collectives in make test, on Horovod's and the parameter
 servers' (and held open) in make test-all; across emulated hosts (test_multi_host.py) make
 test runs mpirun -H with the saves and the resume, make test-all TF_CONFIG, horovodrun -H,
-tfdist-run -H 2x2 and a killed remote rank; Horovod's examples (test_horovod_examples.py)
+srun on a two-node emulated Slurm, tfdist-run -H 2x2, a killed remote rank and a cut link; Horovod's examples (test_horovod_examples.py)
 under tfdist-run in make test, horovodrun and mpirun in make test-all. Ray Train's restart, the async PS's Downpour accounting
 launch, a worker SIGKILLed by the kill matrix (test_elastic's is), and the in-process runs
 of cases make test runs as processes (multi_io_weights, saves_on_rank_zero) are make
