@@ -23,6 +23,8 @@ import sys
 import threading
 from typing import Dict, Optional
 
+from tfdist.comm import ports
+
 INTERVAL_SECONDS = 1.0
 SCRIPT_TIMEOUT_SECONDS = 30.0
 
@@ -41,16 +43,8 @@ def is_this_machine(host: str) -> bool:
     """True when `host` names this machine: one of its names, or an address of its own."""
     if host in _this_machine():
         return True
-    try:
-        ip = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-    except (OSError, IndexError, UnicodeError):
-        return False
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((ip, 0))
-        return True
-    except OSError:
-        return False
+    ip = ports.resolve(host)
+    return ip is not None and ports.is_this_machines(ip)
 
 
 def parse(output: str, slots_per_host: int) -> Dict[str, int]:

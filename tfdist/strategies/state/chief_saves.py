@@ -58,7 +58,7 @@ from tfdist.comm.address_store import SIGNATURE_HEADER, signature
 from tfdist.errors import ClusterError
 from tfdist.fault_tolerance.checkpoint_files import writer_tag
 from tfdist.process_setup import job_secret
-from tfdist.strategies.state import replica_consistency
+from tfdist.strategies.state import save_records
 
 PIECE_BYTES = 4 * 1024 * 1024  # one request's bytes
 REQUEST_SECONDS = 15.0  # a request's own bound (a copy takes one per piece)
@@ -341,15 +341,8 @@ class ChiefSaveClient:
             time.sleep(pause)
             pause = min(pause * 2, _POLL_SECONDS[1])
         if reply["state"] == OTHER_WEIGHTS:
-            raise replica_consistency.ReplicasDiverged(
-                f"tfdist rank {self.rank}: {what}: the chief's save of {path!r} holds other "
-                f"weights than this rank's, and no save with this rank's came within the "
-                f"{self.timeout:g} s timeout. Either the ranks' weights differ, or the chief "
-                "does not make this save (call it on every rank, or on the chief only).")
-        raise TimeoutError(
-            f"tfdist rank {self.rank}: {what} waited {self.timeout:g} s for the chief (rank 0) "
-            f"to save {path!r}, which it has not. Call a save on every rank (keras.io's way) "
-            "or on the chief only (Horovod's: `if rank == 0: model.save(path)`).")
+            raise save_records.other_weights_error(self.rank, what, path, self.timeout)
+        raise save_records.not_saved_error(self.rank, what, path, self.timeout)
 
     def close(self) -> None:
         """Tell the chief this rank needs no more of its saves (at exit)."""

@@ -22,8 +22,8 @@ guide: the chief to the model's path, the others to temporary ones they
 delete): where the chief has recorded no save of a rank's path, the chief's
 save is found through the job's log of completed saves (`JobSaveLog`, in
 the temporary directory of the chief's host), which a rank on the chief's
-host reads; a rank on another host that sees no record beside its path
-within a short grace returns without waiting.
+host reads. A job across hosts, which need not share a disk, waits for
+the chief's saves through the chief instead (`chief_saves`).
 
 The record is written before the rename, and the file touched after it, so
 that the checkpoint, not the record, is the newest entry of its directory (keras.io's scripts resume from
@@ -35,8 +35,7 @@ save and only the fingerprints are compared.
 The wait is bounded by the job timeout and fails with what is known: the
 chief is gone; the chief saved `path` with other weights (the variables that
 differ are named: the ranks disagree); or no such save came (the chief does
-not call this save, or `path` is not on a file system the ranks share - call
-it on the chief only, Horovod's way).
+not call this save).
 
 Cost: the chief hashes its weights once per save (`replica_consistency`)
 and rewrites a small file; another rank hashes its weights and polls the
@@ -54,14 +53,12 @@ import time
 import zlib
 
 import tensorflow as tf
-from absl import logging
 
 from tfdist.strategies.state import replica_consistency
 from tfdist.fault_tolerance.checkpoint_files import write_atomically
 
 _FIRST_POLL_SECONDS = 0.02
 _LONGEST_POLL_SECONDS = 0.2
-_GRACE_SECONDS = 10.0  # from another host: how long a record beside the path may take to appear
 
 
 _KEPT = 64  # saves remembered per directory
@@ -232,12 +229,9 @@ class JobSaveLog:
 def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: False,
              log=None):
     """Return once the chief has saved `saved`: to `path`, where the chief has recorded a
-    save of it; else anywhere, by the job's `log` (`JobSaveLog`); from another host than
-    the chief's, where nothing beside `path` shows the chief's saves within a short grace,
-    at once. TimeoutError otherwise."""
-    started = time.monotonic()
-    deadline = started + timeout
-    grace = started + min(_GRACE_SECONDS, timeout)
+    save of it; else anywhere, by the job's `log` (`JobSaveLog`). TimeoutError otherwise.
+    (A job across hosts waits through `chief_saves` instead.)"""
+    deadline = time.monotonic() + timeout
     pause = _FIRST_POLL_SECONDS
     number = log.requested() if log is not None else None
     record = None
@@ -247,12 +241,6 @@ def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: 
             return
         if record is None and log is not None and log.holds(saved, number):
             return  # the chief keeps no record of this path: its save is elsewhere
-        if ((log is None or not log.chief_here) and time.monotonic() > grace
-                and not tf.io.gfile.exists(record_path(path))):
-            logging.log_first_n(
-                logging.INFO, "tfdist: rank %d: %s: no save of the chief's is seen from this "
-                "host beside %s; not waiting for it", 1, rank, what, os.fspath(path))
-            return
         if chief_gone():
             raise TimeoutError(
                 f"tfdist rank {rank}: {what} waits for the chief (rank 0) to write "
@@ -264,14 +252,23 @@ def wait_for(path, saved: SavedWeights, what, rank, timeout, chief_gone=lambda: 
     if record is not None:
         differing = replica_consistency.describe_differences(
             saved.names, saved.fingerprints, record.get("fingerprints", []))
-        raise replica_consistency.ReplicasDiverged(
-            f"tfdist rank {rank}: {what}: the chief's save of {os.fspath(path)!r} holds other "
-            f"weights than this rank's ({differing} differ), and no save with this rank's "
-            f"came within the {timeout:g} s timeout. Either the ranks' weights differ, or the "
-            "chief does not make this save (call it on every rank, or on the chief only).")
-    raise TimeoutError(
+        raise other_weights_error(rank, what, path, timeout, differing)
+    raise not_saved_error(rank, what, path, timeout)
+
+
+def other_weights_error(rank, what, path, timeout, differing=None):
+    """The chief saved `path` with other weights than this rank's, and none with these."""
+    which = f" ({differing} differ)" if differing else ""
+    return replica_consistency.ReplicasDiverged(
+        f"tfdist rank {rank}: {what}: the chief's save of {os.fspath(path)!r} holds other "
+        f"weights than this rank's{which}, and no save with this rank's came within the "
+        f"{timeout:g} s timeout. Either the ranks' weights differ, or the chief does not make "
+        "this save (call it on every rank, or on the chief only).")
+
+
+def not_saved_error(rank, what, path, timeout):
+    """The chief made no save of `path` with this rank's weights within the timeout."""
+    return TimeoutError(
         f"tfdist rank {rank}: {what} waited {timeout:g} s for the chief (rank 0) to write "
         f"{os.fspath(path)!r}, which it has not. Call a save on every rank (keras.io's way) or "
-        "on the chief only (Horovod's: `if rank == 0: model.save(path)`); a rank that calls it "
-        "waits for the chief's file, so the path must be on a file system the ranks share "
-        "- on machines that share none, save on the chief only.")
+        "on the chief only (Horovod's: `if rank == 0: model.save(path)`).")
