@@ -127,12 +127,19 @@ def test_srun_with_pmix_takes_the_mpi_engine_and_matches_one_process(reference, 
 @pytest.mark.launches
 def test_a_failing_rank_is_named_with_its_exit_code_as_without_mpirun(tmp_path):
     path = tmp_path / "fails.py"
-    path.write_text("import os, sys\nprint('hello', flush=True)\n"
-                    "sys.exit(3 if os.environ['TFDIST_RANK'] == '1' else 0)\n")
+    # rank 1 fails once rank 0 has said hello (else the abort may stop rank 0 before it does)
+    said = tmp_path / "rank0-said-hello"
+    path.write_text(f"import os, sys, time\nprint('hello', flush=True)\n"
+                    f"if os.environ['TFDIST_RANK'] == '0': open({str(said)!r}, 'w').close()\n"
+                    f"deadline = time.monotonic() + 60\n"
+                    f"while not os.path.exists({str(said)!r}) and time.monotonic() < deadline:\n"
+                    f"    time.sleep(0.05)\n"
+                    f"sys.exit(3 if os.environ['TFDIST_RANK'] == '1' else 0)\n")
     done = tfdist_run(2, [str(path)], timeout=120)
     assert done.returncode == 3, failure_report(done)
     assert "tfdist-run: rank 1 exited with code 3" in done.stderr, failure_report(done)
     assert "[0] hello" in done.stdout and "[1] hello" in done.stdout
+    assert "abort is already in progress" not in done.stdout, failure_report(done)
 
 
 @pytest.mark.launches

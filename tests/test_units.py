@@ -332,7 +332,7 @@ def test_a_liveness_port_logs_a_stranger_and_answers_the_jobs_probes(caplog):
                 except ConnectionResetError:
                     pass  # closed with unread bytes
         time.sleep(0.5)
-    assert caplog.text.count("refused a connection from 127.0.0.1") == 1, caplog.text
+    assert caplog.text.count("refused a request from 127.0.0.1") == 1, caplog.text
     port.close()
     assert liveness.probe_failure(address, 2.0) == liveness.REFUSED
 

@@ -16,9 +16,6 @@ import http.server
 import socketserver
 import threading
 
-from absl import logging
-
-from tfdist import env_vars
 from tfdist.process_setup import job_secret
 
 SIGNATURE_HEADER = "X-Tfdist-Signature"
@@ -102,7 +99,7 @@ class AddressStore(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.name = name
         self._values = {}
         self._lock = threading.Lock()
-        self._refused_peers = set()
+        self._refusals = job_secret.Refusals(name)
         self._thread = threading.Thread(target=self.serve_forever, name="tfdist-address-store",
                                         daemon=True)
         self._thread.start()
@@ -116,12 +113,7 @@ class AddressStore(socketserver.ThreadingMixIn, http.server.HTTPServer):
             self._values[key] = value
 
     def refused(self, peer):
-        with self._lock:
-            first = peer not in self._refused_peers
-            self._refused_peers.add(peer)
-        if first:
-            logging.warning("tfdist: %s refused a request from %s without the job's secret "
-                            "(%s); the job goes on", self.name, peer, env_vars.SECRET.name)
+        self._refusals.refused(peer)
 
     def close(self):
         self.shutdown()

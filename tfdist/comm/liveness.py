@@ -51,7 +51,7 @@ import time
 
 from absl import logging
 
-from tfdist import env_vars
+from tfdist.process_setup import job_secret
 from tfdist.process_setup.cluster import validate_address
 
 PROBE_INTERVAL_SECONDS = 2.0
@@ -153,8 +153,7 @@ class LivenessPort:
     def __init__(self, held, token, name):
         self._socket = held.listening_socket()
         self._token = token
-        self._name = name
-        self._refused = set()
+        self._refusals = job_secret.Refusals(name)
         self._thread = threading.Thread(target=self._accept, daemon=True,
                                         name="tfdist-liveness-port")
         self._thread.start()
@@ -174,11 +173,8 @@ class LivenessPort:
             sent = connection.recv(len(self._token) + 1)
         except OSError:  # nothing within the time (a connect-only probe), or reset
             return
-        if sent and sent != self._token and peer not in self._refused:
-            self._refused.add(peer)
-            logging.warning("tfdist: %s refused a connection from %s that did not carry the "
-                            "job's secret (%s); the job goes on", self._name, peer,
-                            env_vars.SECRET.name)
+        if sent and sent != self._token:
+            self._refusals.refused(peer)
 
     def close(self):
         with contextlib.suppress(OSError):

@@ -20,6 +20,11 @@ from tfdist.process_setup.child_processes import die_with_parent
 from tfdist.launch.output_filter import OutputFilter
 
 TERMINATE_GRACE_SECONDS = 10.0
+# A rank reported failing while mpirun, which relays it, still runs: mpirun aborts the job
+# itself (it kills the other ranks and relays their last lines); a signal during its own abort
+# crashes it in PMIx_Finalize ("abort is already in progress", a backtrace). It is signalled
+# only if it has not ended after this (held by a stranger, it never would).
+OWN_ABORT_GRACE_SECONDS = 5.0
 
 
 class ManagedProcess:
@@ -226,6 +231,8 @@ class ProcessGroup:
                         "terminating the other processes"
                     )
                 self.failure = (label, code)
+                if failed.relays_ranks and failed.poll() is None:
+                    self._wait_for_all(OWN_ABORT_GRACE_SECONDS, [failed])
                 self.terminate_all()
                 return code
             if all(p.poll() is not None for p in self.processes if p.label in workers) and \

@@ -24,7 +24,9 @@ out strangers and scanners on the network, not an eavesdropper who replays a req
 
 import hashlib
 import hmac
+import logging
 import secrets
+import threading
 from typing import Optional
 
 from tfdist import env_vars
@@ -65,3 +67,26 @@ def verify(secret: Optional[bytes], signature: str, *parts: bytes) -> bool:
     if secret is None:
         return True
     return hmac.compare_digest(signature or "", sign(secret, *parts))
+
+
+class Refusals:
+    """What a server refused for want of the secret, said once per peer address (a warning
+    through Python's logging, which absl's handler shows): the job goes on.
+
+    Args:
+        name: how the line names the server ("rank 0's address store").
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._peers: set = set()
+        self._lock = threading.Lock()
+
+    def refused(self, peer: str) -> None:
+        with self._lock:
+            first = peer not in self._peers
+            self._peers.add(peer)
+        if first:
+            logging.getLogger("absl").warning(
+                "tfdist: %s refused a request from %s without the job's secret (%s); the job "
+                "goes on", self.name, peer, env_vars.SECRET.name)

@@ -208,7 +208,7 @@ class ChiefSaveService:
         self._lock = threading.Lock()
         self._saves: List[_Save] = []
         self._goodbyes = set()
-        self._refused_peers = set()
+        self._refusals = job_secret.Refusals("the chief's save service")
         self._world_size = world_size
         self._timeout = timeout
         self._gone_peers = gone_peers
@@ -282,13 +282,7 @@ class ChiefSaveService:
             self._goodbyes.add(rank)
 
     def refused(self, peer):
-        with self._lock:
-            first = peer not in self._refused_peers
-            self._refused_peers.add(peer)
-        if first:
-            logging.warning("tfdist: the chief's save service refused a request from %s "
-                            "without the job's secret (%s); the job goes on", peer,
-                            env_vars.SECRET.name)
+        self._refusals.refused(peer)
 
 
 class ChiefSaveClient:
