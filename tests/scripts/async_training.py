@@ -117,7 +117,7 @@ def momentum(strategy, callbacks, backup):
                             keras.callbacks.BackupAndRestore(backup, save_freq=4)])
     # The servers' step count; then n steps of the optimizer on one variable, each with the
     # gradient a push carries (the mean row, weighted by 1 / P).
-    steps = sum(strategy.extended.remote_updates.fetch_state(model.optimizer)["iterations"])
+    steps = sum(strategy.extended.updates.client.fetch_state(model.optimizer)["iterations"])
     variable = keras.Variable(np.ones((FEATURES, 1), "float32"))
     alone = optimizer()
     gradient = tf.constant(np.full((FEATURES, 1), 0.5 / strategy.world_size, "float32"))

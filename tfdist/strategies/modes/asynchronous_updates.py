@@ -110,7 +110,8 @@ class AsynchronousUpdates:
         return sliced(dataset)
 
     def fit_callbacks(self, strategy):
-        return [_ServerParameters(self.client)]
+        # One process without servers trains as Keras does: no server to follow.
+        return [] if self.client is None else [_ServerParameters(self.client)]
 
     def server_state(self, optimizer):
         """The servers' parameters, optimizer slots and step counts, pulled into `optimizer`'s
@@ -212,7 +213,8 @@ class _ServerParameters(keras.callbacks.Callback):
     At the end of `fit` the worker leaves the staleness gate, waits for every
     live worker to finish its `fit` (a barrier on server 0, which stops
     waiting for dead workers) and pulls the final parameters; `evaluate` and
-    `predict` also start with a barrier and a pull. So all workers hold, and
+    `predict` (fit's validation too) also start with a barrier and a pull, and
+    a second barrier once every worker has pulled. So all workers hold, and
     evaluate (each the whole data), the same parameters, and `model.save`
     after `fit` saves every update.
     """
@@ -226,6 +228,11 @@ class _ServerParameters(keras.callbacks.Callback):
             self._remote.barrier()
         if self.model.optimizer is not None:
             self._remote.refresh(self.model.optimizer)
+        if barrier:
+            # Every worker has pulled before any goes on: a worker through the first barrier
+            # sooner would otherwise push its next epoch's updates before a slower one's pull
+            # (fit's validation then read different parameters on the workers).
+            self._remote.barrier()
 
     def on_train_end(self, logs=None):
         self._remote.leave()
