@@ -9,7 +9,9 @@ thread per process; median Keras step of the epochs after the first): the
 and the digits CNN (global batch 64: 64 / P rows per process, which each floor
 process trains alone). Configurations:
 
-* floor         P x `peer_worker.py keras3`, no tfdist, no communication;
+* floor         P x `peer_worker.py keras3`, no tfdist, no communication, started
+                as tfdist-run starts its ranks: each pinned to its own core with
+                one intra-op thread (`harness.fair_floor_process`, the fair floor);
 * ring          `RingAllReduceStrategy(backend="collective")`, default buckets
                 (TensorFlow's collectives over gRPC), under tfdist-run;
 * ring_big      the same with 32 MiB buckets: one fused all-reduce of the whole
@@ -47,8 +49,8 @@ import sys
 import time
 
 from benchmarks import peer_report
-from benchmarks.harness import (HERE, mpirun_available, mpirun_command, open_mpi_env,
-                                write_result)
+from benchmarks.harness import (HERE, fair_floor_process, mpirun_available, mpirun_command,
+                                open_mpi_env, write_result)
 from benchmarks.plotting import pyplot, save
 
 WORKER = os.path.join(HERE, "peer_worker.py")
@@ -77,9 +79,11 @@ def _floor(tmp, processes, tag, models):
     median of their median steps."""
     outs = [os.path.join(tmp, f"floor_{tag}_{i}.json") for i in range(processes)]
     batch = ["--cnn-batch", str(CNN_GLOBAL_BATCH // processes)]
-    procs = [subprocess.Popen(_worker(sys.executable, out, "keras3", models, *batch), env=_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for out in outs]
+    started = [fair_floor_process(i, _worker(sys.executable, out, "keras3", models, *batch),
+                                  _env()) for i, out in enumerate(outs)]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for command, env in started]
     for proc in procs:
         output, _ = proc.communicate(timeout=peer_report.JOB_TIMEOUT_S)
         if proc.returncode != 0:

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +119,17 @@ def launch_mpirun(np_, worker, args):
         str(a) for a in args]
     print("$", " ".join(command), flush=True)
     subprocess.run(command, env=mpirun_env(), check=True)
+
+
+def fair_floor_process(index, command, env):
+    """Process `index` of the fair floor: `command` started as tfdist-run starts its ranks (one
+    MPI job, `--bind-to core`, TensorFlow's pool sized to the core) - pinned to its own CPU
+    (`taskset -c`, index modulo the CPUs) with one intra-op thread - but alone, exchanging
+    nothing. (command, env) to start it with; where `taskset` is missing, unpinned."""
+    env = dict(env, TF_NUM_INTRAOP_THREADS="1")
+    if shutil.which("taskset") is None:
+        return list(command), env
+    return ["taskset", "-c", str(index % (os.cpu_count() or 1))] + list(command), env
 
 
 def launch_rows(tmp, worker, launches, args=()):

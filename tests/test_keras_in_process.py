@@ -244,6 +244,44 @@ def test_a_model_built_outside_the_scope_is_refused_at_fit_not_trained_alone():
         assert "was created before hvd.init()" in message
         assert "Call hvd.init() before creating the model" in message
 
+    def horovod_keras_2_compile(rank):  # Horovod's usual compile says the same, not a TypeError
+        import keras  # pylint: disable=import-outside-toplevel
+
+        from tfdist.strategies.keras_patches import model_strategy  # pylint: disable=C0415
+
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        strategy = tfdist.strategies.RingAllReduceStrategy(per_rank_input=True)
+        model_strategy.note_multi_process_strategy(strategy, horovod_api=True)
+        with pytest.raises(tfdist.errors.NotDistributedError) as refused:
+            model.compile(optimizer="sgd", loss="mse", experimental_run_tf_function=False)
+        return str(refused.value)
+
+    for message in simulate_processes(2, horovod_keras_2_compile):
+        assert "was created before hvd.init()" in message
+
+
+def test_an_optimizer_created_outside_the_scope_is_named_with_the_fix():
+    """Not TensorFlow's "Mixing different tf.distribute.Strategy objects": the optimizer, where
+    it was created, and strategy.scope()."""
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 1), "float32")
+
+    import keras  # pylint: disable=import-outside-toplevel
+
+    def rank_fn(rank):
+        optimizer = keras.optimizers.Adam(0.01)
+        strategy = tfdist.strategies.RingAllReduceStrategy()
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(optimizer=optimizer, loss="mse")
+        with pytest.raises(ValueError) as refused:
+            model.fit(x, y, batch_size=4, verbose=0)
+        return str(refused.value)
+
+    for rank, message in enumerate(simulate_processes(2, rank_fn)):
+        assert f"tfdist rank {rank}: the optimizer 'adam' was created outside strategy.scope()" \
+            in message, message
+        assert "with strategy.scope():" in message
+
 
 def test_the_chief_states_the_job_and_the_batch_split_once(capsys, monkeypatch):
     """One start-up line for the job (rank 0's), and at fit how the global batch is split."""

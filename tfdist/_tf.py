@@ -16,6 +16,7 @@ from tensorflow.python.data.ops import iterator_ops
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import reduce_util
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import context
 from tensorflow.python.framework import op_callbacks
 from tensorflow.python.framework import ops as framework_ops
@@ -61,6 +62,11 @@ def has_gradient(op):
         return framework_ops.get_gradient_function(op) is not None
     except LookupError:
         return True  # no gradient registered at all: asking for one would fail, not skip
+
+
+def a_tape_records():
+    """True while a `GradientTape` (or forward accumulator) of this thread records."""
+    return not pywrap_tfe.TFE_Py_TapeSetIsEmpty()
 
 
 def in_replica_context_of(extended):

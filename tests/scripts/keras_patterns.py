@@ -464,6 +464,113 @@ def case_per_output_loss_trackers(strategy):
                    **{f"again_{k}": v for k, v in again.history.items()})
 
 
+
+class RetypedKerasStepModel(keras.Model):
+    """Keras' own TensorFlow `train_step` retyped by a user, who gives the loss tracker the
+    value `optimizer.scale_loss` returned (the loss itself on one process with a plain Adam)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+            loss = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+
+class ClippedByHandModel(keras.Model):
+    """A custom `train_step` that clips its gradients by their global norm before `apply`:
+    on one process that is the whole batch's gradient (DDP's and Horovod's
+    DistributedGradientTape's semantics); the norm it logs is the gradient's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.norm_tracker = keras.metrics.Mean(name="norm")
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        gradients, norm = tf.clip_by_global_norm(gradients, 0.2)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        self.loss_tracker.update_state(loss)
+        self.norm_tracker.update_state(norm)
+        return {"loss": self.loss_tracker.result(), "norm": self.norm_tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.norm_tracker]
+
+
+def case_retyped_keras_step(strategy):
+    """Keras' own train_step retyped, the tracker given what scale_loss returned (75 rows)."""
+    keras.utils.set_random_seed(27)
+    x, y = dense_data(75, seed=28)
+    with strategy.scope():
+        model = RetypedKerasStepModel(*custom_inputs())
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse")
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    return results(model, history)
+
+
+def case_clipped_by_hand(strategy):
+    """clip_by_global_norm(gradients, 0.2) in a custom train_step, SGD (75 rows, batch 32)."""
+    keras.utils.set_random_seed(29)
+    x, y = dense_data(75, seed=30)
+    with strategy.scope():
+        model = ClippedByHandModel(*custom_inputs())
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    return results(model, history)
+
+
+def case_custom_loop_clipped_by_hand(strategy):
+    """The TensorFlow guide's custom loop on strategy.run (compute_average_loss with the global
+    batch), gradients clipped by their global norm before apply_gradients."""
+    keras.utils.set_random_seed(31)
+    x, y = dense_data(75, seed=32)
+    global_batch = 32
+    with strategy.scope():
+        inputs, outputs = custom_inputs()
+        model = keras.Model(inputs, outputs)
+        optimizer = keras.optimizers.SGD(0.1)
+        loss_fn = keras.losses.MeanSquaredError(reduction="none")
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch))
+
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            per_example = loss_fn(labels, model(features, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        gradients, norm = tf.clip_by_global_norm(gradients, 0.2)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return norm
+
+    @tf.function
+    def train(features, labels):
+        return strategy.run(step, args=(features, labels))
+
+    norms = []
+    for _ in range(2):
+        for features, labels in dataset:
+            norms.append(float(strategy.reduce("MEAN", train(features, labels), axis=None)))
+    return results(model, norms=np.asarray(norms))
+
+
 CASES = cases_of(globals())
 
 

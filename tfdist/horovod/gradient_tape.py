@@ -31,6 +31,7 @@ import tensorflow as tf
 from tfdist.horovod import collectives, process
 from tfdist.horovod.compression import Compression, tfdist_compression
 from tfdist.horovod.optimizer import check_averaging_options
+from tfdist.strategies.keras_patches.gradient_tape import reducing_itself
 
 
 class DistributedGradientTape:
@@ -96,8 +97,9 @@ class DistributedGradientTape:
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         """The wrapped tape's gradients of `target` w.r.t. `sources`, reduced over the ranks
         (the same structure as `sources`)."""
-        grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
-                                    unconnected_gradients=unconnected_gradients)
+        with reducing_itself():  # inside a tfdist step too: this tape reduces, as Horovod's
+            grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
+                                        unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
         return tf.nest.pack_sequence_as(grads, self.reduce(flat), expand_composites=False)
 

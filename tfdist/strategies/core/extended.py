@@ -218,8 +218,8 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         del options
         values = [v for v, _ in value_destination_pairs]
         step = replica_step.current()
-        if step is not None and step.gradients_aggregated:
-            return values  # already summed by aggregate_gradients
+        if step is not None and (step.gradients_aggregated or step.made_global_at_tape(values)):
+            return values  # already summed by aggregate_gradients, or by the step's tape
         return self.gradients.all_reduce(values, GRADIENT, reduce_op)
 
     def push_gradients(self, optimizer, gradients, variables, weighted_in_loss):

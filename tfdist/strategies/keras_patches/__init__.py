@@ -16,6 +16,8 @@ each family in its own module:
   subclass (`OVERRIDES`); they replace and subclass only through it;
 * `losses`: losses stay means over the rank's slice, each term over its own
   global denominator;
+* `gradient_tape`: in a custom step, `GradientTape.gradient` with respect to
+  variables returns the global batch's gradients (DDP's semantics);
 * `optimizer`: the global gradient reaches `apply` before clipping, loss
   scaling's finite check and accumulation;
 * `metrics`: batch-level `Mean` updates are share-weighted;
@@ -61,8 +63,8 @@ nothing. Both are idempotent.
 import threading
 
 from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
-from tfdist.strategies.keras_patches import (backup, callbacks, compile_arguments, data, losses,
-                                             metrics, optimizer, saving)
+from tfdist.strategies.keras_patches import (backup, callbacks, compile_arguments, data,
+                                             gradient_tape, losses, metrics, optimizer, saving)
 
 _installed = False
 _install_lock = threading.Lock()  # simulated ranks (threads) create their strategies at once
@@ -76,7 +78,7 @@ def install():
         if _installed:
             return
         # `compat` checked this Keras when it was imported, above
-        for family in (losses, data, optimizer, metrics, callbacks, backup, saving,
-                       compile_arguments):
+        for family in (losses, gradient_tape, data, optimizer, metrics, callbacks, backup,
+                       saving, compile_arguments):
             family.install()
         _installed = True

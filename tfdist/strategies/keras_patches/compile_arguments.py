@@ -7,8 +7,11 @@ no such argument and raises a TypeError. A model built under a tfdist
 strategy gets its `compile` arguments through the strategy's input mode:
 under Horovod's semantics (`modes.PerRankInput`, `tfdist.horovod.keras`)
 the argument is accepted and ignored, said once on the chief (tfdist makes
-the gradients global inside Keras 3's own step, compiled or eager). Any
-other model gets Keras' own `compile`, TypeError included.
+the gradients global inside Keras 3's own step, compiled or eager). A model
+outside every tfdist strategy compiled with it in a process that created a
+multi-process one (a Horovod script that built its model before
+`hvd.init()`) is refused naming that cause; any other model gets Keras' own
+`compile`, TypeError included.
 
 Cost: none after `compile`.
 """
@@ -16,7 +19,10 @@ Cost: none after `compile`.
 import functools
 
 from tfdist.strategies.keras_patches import patch_points
-from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
+from tfdist.strategies.keras_patches.model_strategy import (refuse_training_outside_scope,
+                                                            tfdist_strategy)
+
+KERAS_2_ARGUMENT = "experimental_run_tf_function"
 
 
 def install():
@@ -30,6 +36,10 @@ def install():
         strategy = tfdist_strategy(self)
         if strategy is not None:
             kwargs = strategy.extended.input_mode.compile_arguments(kwargs, strategy)
+        elif KERAS_2_ARGUMENT in kwargs:
+            # A Horovod script's model built before hvd.init() (or outside the scope): the real
+            # cause, not Keras' TypeError about the argument.
+            refuse_training_outside_scope(self, "fit")
         return compile_model(self, *args, **kwargs)
 
     patch_points.replace("BaseTrainer", "compile", compile_accepting_keras_2)

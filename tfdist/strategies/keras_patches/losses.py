@@ -1,7 +1,7 @@
 """Losses: each rank's loss is a mean over its slice, each term over its own denominator.
 
-Two patches of `keras.src.losses.loss` and one of `tf.GradientTape.gradient`
-(see `replica_step` for the rule):
+Two patches of `keras.src.losses.loss` (see `replica_step` for the rule; a
+hand-written ratio differentiated directly is `gradient_tape`'s):
 Keras' 1 / num_replicas loss scaling is off in a multi-process tfdist
 strategy (tfdist weights by each rank's share instead), and a loss term whose
 denominator is not proportional to the rows (a mask, sample weights,
@@ -116,45 +116,7 @@ def _global_if_ratio(value):
     return step.global_ratio_value(value)
 
 
-def _install_ratio_gradients():
-    """The gradient of a hand-written ratio of batch sums is the global ratio's gradient.
-
-    A `compute_loss` override or a custom `train_step` may return its own
-    ratio, `sum(w * l) / max(sum(w), 1)`, which no `keras.losses.Loss` sees.
-    Keras' own steps pass it through `optimizer.scale_loss` and the loss
-    tracker (both make it global, `ReplicaStep.global_ratio_value`); a custom
-    step differentiates it directly, so `GradientTape.gradient` of such a
-    scalar inside a tfdist step is scaled by the same factor (a constant of
-    the backward pass: d(c L) = c dL). Any other target is untouched.
-    """
-    gradient = tf.GradientTape.gradient
-
-    @functools.wraps(gradient)
-    def gradient_of_global_ratio(self, target, sources, *args, **kwargs):
-        gradients = gradient(self, target, sources, *args, **kwargs)
-        step = replica_step.current()
-        if (step is None or not isinstance(target, tf.Tensor) or target.shape.rank != 0
-                or not in_multi_process_strategy()):
-            return gradients
-        factor = step.ratio_factor(target)
-        if factor is None:
-            return gradients
-        return tf.nest.map_structure(lambda g: _scaled_gradient(g, factor), gradients)
-
-    patch_points.replace("tf.GradientTape", "gradient", gradient_of_global_ratio)
-
-
-def _scaled_gradient(gradient, factor):
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
-                                gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(factor, gradient.dtype)
-
-
 def install():
     """The loss patches."""
     _install_loss_scaling()
     _install_global_loss_denominators()
-    _install_ratio_gradients()

@@ -50,6 +50,46 @@ def _tfdist_strategy():
     return strategy if is_tfdist_strategy(strategy) else None
 
 
+def _made_global(step, strategy, optimizer, grads, variables, scatter_to):
+    """An immediate `apply`'s gradients made global: summed over the ranks now, but for those a
+    tape of this step made global already (`gradient_tape`: passed as they are)."""
+    paired = len(variables) == len(grads)
+    if paired and any(step.global_at_tape(v) for v in variables):
+        pending = [i for i, (g, v) in enumerate(zip(grads, variables))
+                   if g is not None and not step.global_at_tape(v)]
+        if not pending:
+            return grads
+        summed = strategy.extended.aggregate_gradients(
+            [grads[i] for i in pending], variables=[variables[i] for i in pending],
+            weighted_in_loss=step.loss_was_weighted_for(optimizer))
+        grads = list(grads)
+        for i, gradient in zip(pending, summed):
+            grads[i] = gradient
+        return grads
+    return strategy.extended.aggregate_gradients(
+        grads, variables=variables if paired else None,
+        weighted_in_loss=step.loss_was_weighted_for(optimizer), scatter_to=scatter_to)
+
+
+def _refuse_created_elsewhere(optimizer, strategy):
+    """A clear error for an optimizer created outside `strategy.scope()` and built under it
+    (TensorFlow would say only "Mixing different tf.distribute.Strategy objects")."""
+    created_under = getattr(optimizer, "_distribution_strategy", strategy)  # Keras' TF optimizer
+    if created_under is strategy:
+        return
+    default = type(created_under).__name__ == "_DefaultDistributionStrategy"
+    where = ("outside strategy.scope()" if default
+             else f"under another strategy ({type(created_under).__name__})")
+    raise ValueError(
+        f"tfdist rank {strategy.rank}: the optimizer {optimizer.name!r} was created {where}, "
+        f"and is now built for variables of {type(strategy).__name__}: an optimizer's "
+        "variables belong to the strategy it was created under. Create the optimizer inside "
+        "strategy.scope(), with the model:\n"
+        "    with strategy.scope():\n"
+        "        model = build_model()\n"
+        "        model.compile(optimizer=keras.optimizers.Adam(...), loss=...)")
+
+
 def install():
     """Optimizers see the global gradient before anything else touches it.
 
@@ -101,9 +141,7 @@ def install():
                     lambda global_grads: _apply_global(self, global_grads, trainable_variables),
                     scatter_to))
                 return None
-            grads = strategy.extended.aggregate_gradients(
-                grads, variables=variables if len(variables) == len(grads) else None,
-                weighted_in_loss=step.loss_was_weighted_for(self), scatter_to=scatter_to)
+            grads = _made_global(step, strategy, self, grads, variables, scatter_to)
             with step.aggregated_gradients():
                 return _apply_global(self, grads, trainable_variables)
 
@@ -136,6 +174,7 @@ def install():
             strategy = _tfdist_strategy()
             if strategy is None:
                 return original(self, variables)
+            _refuse_created_elsewhere(self, strategy)
             _built_under[self] = strategy
             state = strategy.extended.optimizer_state
             state.begin_build(self, list(variables), strategy.extended)  # before any slot

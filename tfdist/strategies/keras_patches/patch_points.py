@@ -50,9 +50,11 @@ POINTS = (
     PatchPoint("keras.src.losses.loss", ("reduce_weighted_values",), "losses",
                "a loss term's denominator (mask, sample weights) is computed inside this "
                "function; Loss has no hook to give it the global batch's denominator"),
-    PatchPoint("tf.GradientTape", ("gradient",), "losses",
-               "a custom step differentiates a hand-written ratio of batch sums directly; "
-               "nothing between the tape and the optimizer sees the scalar"),
+    # gradient_tape
+    PatchPoint("tf.GradientTape", ("gradient",), "gradient_tape",
+               "a custom step reads its gradients between the tape and apply (clipping by "
+               "global norm) and may differentiate a hand-written ratio of batch sums "
+               "directly; nothing else sits between the backward pass and that code"),
     # metrics
     PatchPoint("keras.metrics.Mean", ("update_state",), "metrics",
                "a Mean updated once per batch (loss trackers, a custom step's metrics) must be "

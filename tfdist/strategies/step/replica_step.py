@@ -52,6 +52,9 @@ class ReplicaStep(RowAccounting):
         self._deferred_updates = []
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
+        self._share_carrying_losses = {}  # id -> loss tensor `weight_loss` returned
+        self._global_at_tape = {}  # id(variable) -> variable whose gradient a tape made global
+        self._global_gradients = {}  # id -> a gradient tensor a tape made global
         self._stand_in = []  # bool tensors: the data being computed on is a stand-in row
         self._ratio_factors = {}  # id(scalar) -> (scalar, factor or None): `ratio_factor`
 
@@ -134,7 +137,10 @@ class ReplicaStep(RowAccounting):
         """`optimizer.scale_loss` of an optimizer that scales losses (or of any optimizer,
         `weights_every_loss`): weight the loss by the share.
 
-        Gradients of a loss weighted this way are per-example gradients
+        The loss's value is unchanged (what the user's code reads, a loss
+        tracker given it, is the value one process sees); only its gradient
+        carries the share (`_share_in_backward`). Gradients of a loss weighted
+        this way are per-example gradients
         divided by the *global* row count, as on one process, which keeps
         loss scaling's overflow behaviour identical (float16); the
         optimizer's gradients then need no weighting at aggregation - no
@@ -145,7 +151,36 @@ class ReplicaStep(RowAccounting):
         the step's fused all-reduce instead.
         """
         self._share_in_loss.add(id(optimizer))
-        return tf.math.multiply_no_nan(loss, self.weight(loss.dtype))
+        weighted = _share_in_backward(loss, self.weight(loss.dtype))
+        self._share_carrying_losses[id(weighted)] = weighted
+        return weighted
+
+    def carries_share(self, target):
+        """True if `target` (a tape's target) is a loss `weight_loss` returned, whose gradients
+        carry the share already (or a user's function, whose loss the user scaled); else if
+        the step weighted any loss (a target made from one)."""
+        if self.scaled_by_user:
+            return True
+        entry = self._share_carrying_losses.get(id(target))
+        if entry is not None and entry is target:
+            return True
+        return bool(self._share_in_loss)
+
+    def note_global_at_tape(self, variables, gradients):
+        """A tape made these variables' gradients global (`StepPlan.gradients_global_at_tape`):
+        `apply` sums them no more, and a script's own all-reduce of them is an identity."""
+        for variable in variables:
+            self._global_at_tape[id(variable)] = variable
+        for gradient in gradients:
+            self._global_gradients[id(gradient)] = gradient
+
+    def global_at_tape(self, variable):
+        """True if a tape of this step made `variable`'s gradient global."""
+        return self._global_at_tape.get(id(variable)) is variable
+
+    def made_global_at_tape(self, values):
+        """True if every one of `values` is a gradient a tape of this step made global."""
+        return bool(values) and all(self._global_gradients.get(id(v)) is v for v in values)
 
     def loss_was_weighted_for(self, optimizer):
         """True if the gradients `optimizer` applies need no share weighting."""
@@ -205,6 +240,20 @@ class DeferredUpdate:
     weighted_in_loss: bool
     apply: object
     scatter_to: object = None
+
+
+def _share_in_backward(loss, weight):
+    """`loss` itself, whose gradient is weighted by `weight` (0 for an empty slice: a stand-in
+    row's NaN counts as 0, `multiply_no_nan`)."""
+
+    @tf.custom_gradient
+    def weighted(value):
+        def backward(upstream):
+            return tf.math.multiply_no_nan(upstream, tf.cast(weight, upstream.dtype))
+
+        return tf.identity(value), backward
+
+    return weighted(loss)
 
 
 def current():

@@ -27,6 +27,16 @@ per-slice mean by its share (Keras' steps), or the user
 `tf.nn.compute_average_loss(..., global_batch_size=...)` scales, the
 contract of MultiWorkerMirroredStrategy).
 
+Where the user's code sees the global gradient: in an `IMMEDIATE` step the
+user's code stands between the backward pass and the update (a custom
+`train_step` clipping by global norm, a custom loop logging the norm), so
+`GradientTape.gradient` with respect to variables returns the global
+batch's gradients there, as on one process (`gradients_global_at_tape`;
+the semantics of PyTorch's DDP and Horovod's `DistributedGradientTape`),
+and the optimizer's `apply` sums them no more. Keras' own step (`DEFERRED`)
+hands its gradients to `apply` untouched, so they wait for the step's fused
+all-reduce; an asynchronous worker (`REMOTE`) pushes its own.
+
 Cost: none at run time; the plan exists while a step is traced.
 """
 
@@ -63,6 +73,19 @@ class StepPlan:
     @property
     def is_remote(self):
         return self.updates == REMOTE
+
+    @property
+    def gradients_global_at_tape(self):
+        """`GradientTape.gradient` with respect to variables returns the global batch's
+        gradients (an `IMMEDIATE` step: the user's code may read them before `apply`)."""
+        return self.updates == IMMEDIATE
+
+    @property
+    def weights_losses_for_rows_first(self):
+        """An aggregator that learns the row count first (`Aggregator.learns_rows_first`)
+        may weight every loss by the share in `optimizer.scale_loss` (Keras' own step: no
+        user's code adds to the loss between it and the backward pass)."""
+        return self.updates == DEFERRED
 
 
 def plan_step(*, one_process, is_keras_train_step, is_train_step, is_user_function):

@@ -54,9 +54,9 @@ def _begin(extended, args, model, plan):
     The global row count comes with the step's fused all-reduce
     (`step_sum`), except when the model's optimizer scales its loss
     (float16 loss scaling), or when the aggregator's small all-reduce is
-    cheap (`Aggregator.learns_rows_first`: the MPI engine): the share then
-    weights the loss before the backward pass, and the rows are all-reduced
-    first. A user's function (`plan.scaled_by_user`) may take no batch at all:
+    cheap (`Aggregator.learns_rows_first`: the MPI engine) in Keras' own
+    step (`StepPlan.weights_losses_for_rows_first`): the share then weights
+    the loss before the backward pass, and the rows are all-reduced first. A user's function (`plan.scaled_by_user`) may take no batch at all:
     it then counts one row.
     """
     if plan.scaled_by_user:
@@ -68,7 +68,7 @@ def _begin(extended, args, model, plan):
         local_rows = batch_rows(args)
 
     # Through the aggregator: the step's only transport is the strategy's own algorithm.
-    rows_first = extended.aggregator.learns_rows_first and not plan.scaled_by_user
+    rows_first = extended.aggregator.learns_rows_first and plan.weights_losses_for_rows_first
     step = replica_step.ReplicaStep(local_rows, sum_over_ranks=extended.all_reduce_sum,
                                     plan=plan, weights_every_loss=rows_first)
     if rows_first or (model is not None and keras_steps.scales_loss(model.optimizer)):
