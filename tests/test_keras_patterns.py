@@ -113,6 +113,28 @@ def test_parameter_server_two_processes_without_onednn(references, tmp_path):
     assert len(assert_matches_one_process(reference, ranks)) == len(cases)
 
 
+CUSTOM_STEPS = "retyped_keras_step,clipped_by_hand,custom_loop_clipped_by_hand,custom_low_level"
+
+
+@pytest.mark.parametrize("backend,kernels", [
+    ("auto", "1"),  # plain tfdist-run: Open MPI's engine
+    pytest.param("collective", "0", marks=pytest.mark.slow),  # make test-all
+    pytest.param("horovod", "1", marks=[pytest.mark.slow, pytest.mark.horovod]),
+    pytest.param("ps", "1", marks=pytest.mark.slow),  # the synchronous parameter server
+])
+def test_custom_steps_see_one_process_gradients_and_losses(references, tmp_path, backend,
+                                                          kernels):
+    """Keras' own step retyped (its loss tracker given what scale_loss returned), gradients
+    clipped by their global norm in a train_step and in a custom loop: one process's numbers
+    on each engine (the logged loss and norm included)."""
+    launcher = None if backend != "horovod" else (lambda world, args, **kw: tfdist_run(
+        world, args, launcher=["--no-mpi"], **kw))
+    strategy = ["--strategy", "ps"] if backend == "ps" else ["--backend", backend]
+    ranks = run(tmp_path, 2, strategy, cases=CUSTOM_STEPS, launcher=launcher,
+                extra_env=onednn(kernels))
+    assert len(assert_matches_one_process(references(CUSTOM_STEPS), ranks)) == 4
+
+
 @pytest.mark.slow
 def test_ring_collective_two_processes(reference, tmp_path):
     assert_matches_one_process(reference, run(tmp_path, 2, ["--backend", "collective"]))

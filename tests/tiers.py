@@ -26,7 +26,11 @@ only, which makes test_resume's SIGTERM 3 -> 2 case (the same notice path and re
 another size) a make test-all case; the decisions in-process (test_elastic_membership.py) and
 the launcher's loop with probe ranks (test_launcher.py, seconds); Horovod's elastic API, Ray
 Train's elastic ScalingConfig and a Slurm job requeued at another size in make test-all.
-Optimizer-state sharding: four cases in-process at 2-4 ranks, the resume and the refusals
+The custom steps that read their gradients or losses (keras_patterns' retyped Keras step and
+clipping by hand, `test_keras_patterns.test_custom_steps_see_one_process_gradients_and_losses`):
+in-process on the ring and the tree, on Open MPI's engine under plain tfdist-run in make test,
+on TensorFlow's collectives, Horovod's engine and the synchronous parameter server in make
+test-all. Optimizer-state sharding: four cases in-process at 2-4 ranks, the resume and the refusals
 (test_sharded_optimizer_in_process.py) and the other three (loss scaling with EMA and
 accumulation, the custom loop, the saved files) as 3 processes on TensorFlow's collectives
 in make test; every case in-process, as 4 processes and on Horovod's engine (3 processes,
