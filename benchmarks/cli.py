@@ -5,6 +5,7 @@
                                       # large_batch, sparse, async, patterns, profiling,
                                       # anatomy, overlap, anchor, engines, engine_step, peer,
                                       # horovod_api, elastic, sharding, cluster,
+                                      # default_step,
                                       # emulated, revision
     tfdist-bench --only emulated      # root only, never in the default run: one network
                                       # namespace per process, shaped links (~20 min)
@@ -27,7 +28,8 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import (anatomy_report, anchor_report, async_report, elastic_resize,
+from benchmarks import (anatomy_report, anchor_report, async_report, default_step,
+                        elastic_resize,
                         emulated_cluster, engine_curves, engine_step, horovod_api,
                         keras_patterns_report, large_batch, optimizer_sharding, overlap_report,
                         peer_report, profiling_report, revision_step)
@@ -232,6 +234,7 @@ def run_cluster(tmp):
 
 PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "compression": run_compression, "tree": run_tree, "ps": run_ps, "cluster": run_cluster,
+         "default_step": default_step.run,
          "large_batch": large_batch.run, "sparse": run_sparse, "async": async_report.run,
          "patterns": lambda tmp: keras_patterns_report.main([]),
          "profiling": profiling_report.run, "anatomy": anatomy_report.run,

@@ -63,6 +63,24 @@ MODELS = ("mlp", "cnn")
 GOAL = {"mlp": 1.25, "cnn": 1.3}  # the default engine's 2-process step over the floor (issue 65)
 CNN_GLOBAL_BATCH = 64
 EPOCHS = 4  # the first untimed: 30 timed steps per run
+DESCRIPTION = (
+    "median Keras step (epochs 2-4) of the 784-2048-2048-10 MLP (mlp: 5.8 M "
+    "parameters, 23 MB of float32 gradients, 64 rows per process, 30 steps) and the "
+    "digits CNN (cnn: global batch 64, 66 steps), SGD(0.05, momentum=0.9), one "
+    "intra-op thread per process, all processes on one host. "
+    "floor = P independent plain Keras processes started together (no "
+    "communication), each at the per-process batch (cnn: 64 / P rows), each pinned to "
+    "its own core with one intra-op thread, as tfdist-run starts its ranks (the fair "
+    "floor); mpi = "
+    "backend='mpi' under mpirun (Open MPI's collectives from compiled ops); "
+    "ring = RingAllReduceStrategy(backend='collective') default "
+    f"buckets; ring_big = {BIG_BUCKET_MB} MiB buckets (one fused all-reduce, "
+    "subdivided); horovod_gloo / horovod_mpi = backend='horovod' under tfdist-run / "
+    "mpirun; auto = RingAllReduceStrategy() under plain tfdist-run (the engine "
+    "'auto' takes there: 'backend' per run); *_sharded = the same with "
+    "shard_optimizer_state=True; mwms = tf-keras + MultiWorkerMirroredStrategy. "
+    "over_floor: per-round ratio to the floor of the same round, median over "
+    "rounds; rounds alternate the order.")
 
 
 def _worker(python, out, strategy, models, *options):
@@ -151,7 +169,7 @@ def available_configs(peer_python):
 
 
 def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engine_step",
-        only=None, models=MODELS):
+        only=None, models=MODELS, write=True):
     start = time.perf_counter()
     if peer_python == "auto":
         try:
@@ -202,25 +220,11 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engin
                  for model in models},
         "runs": {f"{c}_P{p}": r for (c, p), r in runs.items()},
         "minutes": round((time.perf_counter() - start) / 60, 1),
-        "description": (
-            "median Keras step (epochs 2-4) of the 784-2048-2048-10 MLP (mlp: 5.8 M "
-            "parameters, 23 MB of float32 gradients, 64 rows per process, 30 steps) and the "
-            "digits CNN (cnn: global batch 64, 66 steps), SGD(0.05, momentum=0.9), one "
-            "intra-op thread per process, all processes on one host. "
-            "floor = P independent plain Keras processes started together (no "
-            "communication), each at the per-process batch (cnn: 64 / P rows); mpi = "
-            "backend='mpi' under mpirun (Open MPI's collectives from compiled ops); "
-            "ring = RingAllReduceStrategy(backend='collective') default "
-            f"buckets; ring_big = {BIG_BUCKET_MB} MiB buckets (one fused all-reduce, "
-            "subdivided); horovod_gloo / horovod_mpi = backend='horovod' under tfdist-run / "
-            "mpirun; auto = RingAllReduceStrategy() under plain tfdist-run (the engine "
-            "'auto' takes there: 'backend' per run); *_sharded = the same with "
-            "shard_optimizer_state=True; mwms = tf-keras + MultiWorkerMirroredStrategy. "
-            "over_floor: per-round ratio to the floor of the same round, median over "
-            "rounds; rounds alternate the order."),
+        "description": DESCRIPTION,
     }
-    write_result(f"{name}.json", result)
-    plot(rows, f"{name}.png")
+    if write:
+        write_result(f"{name}.json", result)
+        plot(rows, f"{name}.png")
     print(f"engine_step: {result['minutes']} min", flush=True)
     return result
 

@@ -29,9 +29,11 @@ DIR/<STRATEGY>_P<processes>_<model>.npz. Rank 0 writes OUT.json.
 """
 
 import argparse
+import collections
 import contextlib
 import json
 import os
+import re
 import statistics
 import time
 
@@ -56,6 +58,9 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"epochs per timed training, the first untimed (default {EPOCHS})")
     parser.add_argument("--exact", metavar="DIR", help="run the correctness check into DIR")
+    parser.add_argument("--anatomy", action="store_true",
+                        help="with --time and a tfdist strategy: count the step's collectives "
+                             "(tfdist's communication counters) and time the train function")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="the models to train (default both)")
     parser.add_argument("--bucket-mb", type=float, default=None,
@@ -193,8 +198,71 @@ def rss_mb():
         return 0.0
 
 
+def anatomy_probe(keras, tfdist, strategy, timer):
+    """A callback that, from the second epoch, counts the step's communications (tfdist's
+    counters: every collective a traced step issues, its name scope and bytes) and times each
+    call of the train function (the rest of a step, batch begin to end, is Keras' and the
+    callbacks' Python)."""
+    if tfdist is None or strategy is None or strategy.world_size == 1:
+        return None
+    from tfdist.profiling.report import CommunicationReport  # pylint: disable=C0415
+
+    class AnatomyProbe(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.report = CommunicationReport(strategy)
+            self.function_seconds = []
+            self.result = {}
+
+        def on_train_begin(self, logs=None):
+            counters = strategy.extended.communication_counters
+            counters.traced_calls.clear()
+            self.report.start(self.model)  # traces the step again, counted
+            function = self.model.train_function
+            seconds = self.function_seconds
+
+            def timed(*args, **kwargs):
+                begin = time.perf_counter()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    if timer.epoch:
+                        seconds.append(time.perf_counter() - begin)
+
+            self.model.train_function = timed
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                self.report.take()
+
+        def on_train_end(self, logs=None):
+            counters = strategy.extended.communication_counters
+            measured = self.report.take()
+            snapshot = counters.snapshot()
+            def phase(scope):  # "tfdist/ring/gradients_65/" -> "tfdist/ring/gradients"
+                return re.sub(r"_\d+$", "", scope.rstrip("/"))
+
+            calls = collections.Counter(phase(scope) for scope, _ in counters.traced_calls)
+            sizes = collections.defaultdict(list)
+            for scope, size in counters.traced_calls:
+                sizes[phase(scope)].append(size)
+            self.result = {
+                "communication": measured,
+                "collectives_per_step": snapshot.calls / max(snapshot.steps, 1),
+                "traced_collectives": [{"scope": scope, "count": count,
+                                        "payload_bytes": sizes[scope]}
+                                       for scope, count in sorted(calls.items())],
+                "median_function_ms": 1e3 * statistics.median(self.function_seconds),
+                "median_python_ms": 1e3 * (statistics.median(timer.steps)
+                                           - statistics.median(self.function_seconds)),
+            }
+
+    AnatomyProbe = tfdist.callbacks.agrees_across_ranks(AnatomyProbe)
+    return AnatomyProbe()
+
+
 def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer="sgd",
-               mlp_hidden=MLP_HIDDEN, cnn_batch=CNN_GLOBAL_BATCH):
+               mlp_hidden=MLP_HIDDEN, cnn_batch=CNN_GLOBAL_BATCH, anatomy=False):
     if model_name == "cnn":
         global_batch, samples = cnn_batch, CNN_SAMPLES
     else:
@@ -209,12 +277,17 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer
                                  keras.optimizers.SGD(0.05, momentum=0.9)),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     timer = step_timer(keras, tfdist)
+    callbacks = [timer]
+    probe = anatomy_probe(keras, tfdist, strategy, timer) if anatomy else None
+    if probe is not None:
+        callbacks.append(probe)
     start = time.perf_counter()
     model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[timer])
+              callbacks=callbacks)
     fit_seconds = time.perf_counter() - start
     median = statistics.median(timer.steps)
-    return {"fit_seconds": fit_seconds, "global_batch": global_batch, "samples": samples,
+    extra = {"anatomy": probe.result} if probe is not None else {}
+    return {**extra, "fit_seconds": fit_seconds, "global_batch": global_batch, "samples": samples,
             "epochs": epochs, "parameters": int(model.count_params()),
             "steps_timed": len(timer.steps), "median_step_ms": 1e3 * median,
             "mean_step_ms": 1e3 * statistics.fmean(timer.steps),
@@ -264,7 +337,7 @@ def main():
                                                       model_name,
                                                       args.epochs or EPOCHS[model_name],
                                                       args.optimizer, args.mlp_hidden,
-                                                      args.cnn_batch)
+                                                      args.cnn_batch, args.anatomy)
     if args.exact:
         for model_name in args.models:
             result["exact"][model_name] = exact_model(keras, strategy, processes, rank,

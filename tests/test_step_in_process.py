@@ -18,6 +18,7 @@ from tfdist.aggregation.ring import RingAllReduceAggregator
 from tfdist.comm.simulated import simulate
 from tfdist.strategies.state.local_state import LocalStateSync
 from tfdist.strategies.step.replica_step import ReplicaStep
+from tfdist.strategies.step.row_accounting import RowAccounting
 from tfdist.strategies.step.step_plan import (DEFERRED, IMMEDIATE, LOCAL, REMOTE, StepPlan,
                                          plan_step)
 from tfdist.strategies.step.step_sum import StepSum
@@ -323,10 +324,11 @@ def _losses_weighted_in_fit(strategy_class, monkeypatch):
     return calls, simulate_processes(2, run)
 
 
-def test_on_an_engine_with_cheap_small_all_reduces_the_loss_carries_the_share(monkeypatch):
-    """The ring on such an engine (the MPI engine's property; simulated ranks share it) learns
-    the row count first and weights every loss, so no gradient is multiplied; the reduction
-    tree weights after the sum (its small sums go through its tree)."""
+def test_keras_own_step_weights_its_loss_provisionally_on_every_engine(monkeypatch):
+    """fit's batch size is the global batch on every rank: Keras' own step weights its loss by
+    n_r / B before the backward pass on the ring and the tree alike (no collective first, no
+    gradient multiplied), and the last partial batch (1 + 0 rows of B = 3) is corrected after
+    the sum: the kernels agree across ranks and aggregators."""
     import tfdist  # pylint: disable=import-outside-toplevel
 
     calls, kernels = _losses_weighted_in_fit(tfdist.strategies.RingAllReduceStrategy,
@@ -335,7 +337,7 @@ def test_on_an_engine_with_cheap_small_all_reduces_the_loss_carries_the_share(mo
     np.testing.assert_array_equal(kernels[0], kernels[1])
     tree_calls, tree_kernels = _losses_weighted_in_fit(
         tfdist.strategies.ReductionTreeStrategy, monkeypatch)
-    assert not tree_calls
+    assert tree_calls and set(tree_calls) == {"Adam"}
     np.testing.assert_allclose(kernels[0], tree_kernels[0], rtol=1e-5, atol=1e-6)
 
 
@@ -354,3 +356,16 @@ def test_a_gradient_whose_loss_carried_the_share_passes_as_it_is_or_as_zeros():
     np.testing.assert_array_equal(traced(tf.constant(1)).numpy()[[0, 2]], [2.0, 6.0])
     user = ReplicaStep(tf.constant(0), plan=StepPlan(IMMEDIATE, scaled_by_user=True))
     assert user.counted_gradient(gradient) is gradient  # a user's function counts an empty slice
+
+
+def test_a_provisionally_weighted_sum_is_corrected_only_on_a_partial_batch():
+    """Values weighted by n_r / B and summed are n / B times the share-weighted sum: passed on
+    as they are when n = B, times B / n otherwise."""
+    total = tf.constant([3.0, 6.0])
+    full = RowAccounting(tf.constant(2), global_rows=tf.constant(4.0), expected_rows=4)
+    np.testing.assert_array_equal(full.provisional_correction(total).numpy(), [3.0, 6.0])
+    partial = RowAccounting(tf.constant(2), global_rows=tf.constant(3.0), expected_rows=4)
+    np.testing.assert_allclose(partial.provisional_correction(total).numpy(), [4.0, 8.0])
+    unknown = RowAccounting(tf.constant(2), expected_rows=4)
+    assert unknown.weighs_provisionally and not full.weighs_provisionally
+    assert float(unknown.provisional_weight(tf.float32)) == 0.5

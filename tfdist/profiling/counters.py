@@ -65,6 +65,9 @@ class CommunicationCounters:
         self.world_size = int(world_size)
         self.num_servers = int(num_servers)
         self.enabled = False
+        # (name scope, payload bytes or None when not static) of each communication a step
+        # traced while active issues: what a step's collectives are (benchmarks' anatomy)
+        self.traced_calls: list = []
         self._tracing = threading.local()
         self._host_seconds = 0.0
         with tf.init_scope():
@@ -106,6 +109,10 @@ class CommunicationCounters:
         """
         if not self.active:
             return run()
+        static = (payload_bytes if isinstance(payload_bytes, (int, float))
+                  else tf.get_static_value(payload_bytes))
+        self.traced_calls.append((tf.get_current_name_scope(),
+                                  None if static is None else int(static)))
         # The counters' own ops run outside every `tfdist/...` scope, so traces never count
         # them as communication.
         ready = [t for t in tf.nest.flatten(inputs) if isinstance(t, (tf.Tensor, tf.Variable))]

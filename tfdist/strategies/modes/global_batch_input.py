@@ -49,6 +49,11 @@ class GlobalBatchInput:
         del world_size
         return batch_size
 
+    def expected_step_rows(self, batch_size):
+        """`fit`'s batch size: the global batch, the same on every rank (the ranks' data and
+        batch sizes are compared at `fit`'s start)."""
+        return batch_size
+
     def creating_variable(self, kwargs, communicator):
         """The initial value broadcast from rank 0 (ON_READ variables, each rank's own state,
         as created), checked to have the same shape and dtype on every rank."""

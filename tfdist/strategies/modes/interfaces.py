@@ -42,6 +42,11 @@ class InputMode(Protocol):
     def global_batch_size(self, batch_size: int, world_size: int) -> int:
         """The rows of one step when `fit` was given `batch_size`."""
 
+    def expected_step_rows(self, batch_size: Optional[int]) -> Optional[int]:
+        """The rows a full step of `fit` (given `batch_size`, None if unknown) has, known
+        alike on every rank before the step - or None where the ranks' batches need not
+        agree (the step then learns them by a collective: `row_accounting`)."""
+
     def creating_variable(self, kwargs: dict, communicator: Any) -> dict:
         """A variable's creation arguments: its initial value rank 0's (broadcast by
         `communicator`), or the creating rank's own."""

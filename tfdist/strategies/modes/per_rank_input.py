@@ -50,6 +50,10 @@ class PerRankInput:
     def global_batch_size(self, batch_size, world_size):
         return batch_size * world_size  # each rank's batch is its part of the step
 
+    def expected_step_rows(self, batch_size):
+        del batch_size  # each rank's own: the step's rows are learned by a collective
+        return None
+
     def creating_variable(self, kwargs, communicator):
         del communicator  # the creating rank's own until synchronized
         return kwargs

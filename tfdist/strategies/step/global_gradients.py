@@ -21,7 +21,9 @@ step:
   the `StepSum` to be reduce-scattered; the result is this rank's slice of
   the global gradient, all its sharded update reads;
 * a gradient whose loss already carried the share (float16 loss scaling, or
-  any loss on an aggregator that learns n first: `ReplicaStep.weight_loss`),
+  any loss on an aggregator that learns n first: `ReplicaStep.weight_loss`) or
+  its provisional n_r / B (`RowAccounting.provisional_weight`: corrected after
+  the sum),
   or a user's loop that scales its loss itself (`ReplicaStep.scaled_by_user`),
   is summed as it is - zeros for an empty slice (`ReplicaStep.counted_gradient`), no
   pass over it.
@@ -86,6 +88,7 @@ class GlobalGradients:
         as this rank's slices of the global gradients.
         """
         step = total.step
+        provisional = weighted_in_loss and step.loss_weighted_provisionally
         variables = list(variables) if variables is not None else [None] * len(gradients)
         slots = {}
         for position, gradient in enumerate(gradients):
@@ -97,7 +100,7 @@ class GlobalGradients:
             if weighted_in_loss:
                 slots[position] = total.add_sum(step.counted_gradient(gradient),
                                                 variables[position], is_gradient=True,
-                                                scatter=scatter)
+                                                scatter=scatter, provisional=provisional)
             else:
                 slots[position] = total.add_share_weighted(gradient, variables[position],
                                                            is_gradient=True, scatter=scatter)
@@ -109,7 +112,14 @@ class GlobalGradients:
                 if position in slots:
                     result[position] = total.result(slots[position])
                 elif isinstance(gradient, tf.IndexedSlices):
-                    result[position] = self.gather_slices(gradient, step, weight)
+                    gathered = self.gather_slices(gradient, step, weight)
+                    if provisional:  # B / n: exactly 1 (x * 1.0 == x) but on a partial batch
+                        factor = tf.math.divide_no_nan(float(step.expected_rows),
+                                                       tf.cast(step.global_rows, tf.float32))
+                        gathered = tf.IndexedSlices(
+                            gathered.values * tf.cast(factor, gathered.values.dtype),
+                            gathered.indices, gathered.dense_shape)
+                    result[position] = gathered
             return result
 
         return finish

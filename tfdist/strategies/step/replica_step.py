@@ -41,8 +41,8 @@ class ReplicaStep(RowAccounting):
     """
 
     def __init__(self, local_rows, global_rows=None, sum_over_ranks=None,
-                 plan=StepPlan(IMMEDIATE), weights_every_loss=False):
-        super().__init__(local_rows, global_rows, sum_over_ranks)
+                 plan=StepPlan(IMMEDIATE), weights_every_loss=False, expected_rows=None):
+        super().__init__(local_rows, global_rows, sum_over_ranks, expected_rows)
         self.plan = plan
         self.weights_every_loss = weights_every_loss
         self.lineage = BatchLineage()
@@ -53,6 +53,7 @@ class ReplicaStep(RowAccounting):
         self._batch_level_variables = {}
         self._share_in_loss = set()  # ids of optimizers whose scale_loss applied the share
         self._share_carrying_losses = {}  # id -> loss tensor `weight_loss` returned
+        self._provisional_in_loss = False  # a loss carries n_r / B, not the share
         self._global_at_tape = {}  # id(variable) -> variable whose gradient a tape made global
         self._global_gradients = {}  # id -> a gradient tensor a tape made global
         self._stand_in = []  # bool tensors: the data being computed on is a stand-in row
@@ -151,7 +152,12 @@ class ReplicaStep(RowAccounting):
         the step's fused all-reduce instead.
         """
         self._share_in_loss.add(id(optimizer))
-        weighted = _share_in_backward(loss, self.weight(loss.dtype))
+        if self.weighs_provisionally:  # corrected after the sum (`provisional_correction`)
+            self._provisional_in_loss = True
+            weight = self.provisional_weight(loss.dtype)
+        else:
+            weight = self.weight(loss.dtype)
+        weighted = _share_in_backward(loss, weight)
         self._share_carrying_losses[id(weighted)] = weighted
         return weighted
 
@@ -181,6 +187,12 @@ class ReplicaStep(RowAccounting):
     def made_global_at_tape(self, values):
         """True if every one of `values` is a gradient a tape of this step made global."""
         return bool(values) and all(self._global_gradients.get(id(v)) is v for v in values)
+
+    @property
+    def loss_weighted_provisionally(self):
+        """True if a loss of this step carries n_r / B (`provisional_weight`): the sums of its
+        gradients need `provisional_correction`."""
+        return self._provisional_in_loss
 
     def loss_was_weighted_for(self, optimizer):
         """True if the gradients `optimizer` applies need no share weighting."""

@@ -39,6 +39,14 @@ learned is a cost trade, decided per engine:
   loss weighted for float16 loss scaling, a half-precision or compressed
   gradient) asks for n early (`RowAccounting.global_rows`: one small
   all-reduce, made once per step);
+* provisionally (Keras' own step when the global batch's rows B are known
+  alike on every rank - `fit`'s batch size - before the step: every engine
+  but a compressing one): the loss is weighted by n_r / B, no collective
+  before the backward pass and no pass over the gradients, which the step's
+  fused all-reduce sums together with n_r; the sums are then n / B times the
+  share-weighted ones, corrected by B / n through a `tf.cond` that leaves
+  them untouched when n = B (`provisional_correction`: a pass only on an
+  epoch's last, partial batch);
 * first (Open MPI's engine, whose small all-reduce costs microseconds:
   `Aggregator.learns_rows_first`): one small all-reduce of n_r as the step
   begins; the share then weights the loss (`ReplicaStep.weight_loss`, a scalar
@@ -69,9 +77,10 @@ class RowAccounting:
     (`sum_over_ranks`, a callable summing a list of tensors over ranks).
     """
 
-    def __init__(self, local_rows, global_rows=None, sum_over_ranks=None):
+    def __init__(self, local_rows, global_rows=None, sum_over_ranks=None, expected_rows=None):
         self.local_rows = local_rows
         self.has_rows = local_rows > 0
+        self.expected_rows = expected_rows
         self._global_rows = global_rows
         self._sum_over_ranks = sum_over_ranks
         self._share = None
@@ -163,6 +172,29 @@ class RowAccounting:
     def weight(self, dtype):
         """The share as `dtype` (to weight a per-slice value)."""
         return tf.cast(self.share, dtype)
+
+    @property
+    def weighs_provisionally(self):
+        """True where the loss is weighted by the provisional share n_r / B
+        (`provisional_weight`): B known on every rank, n not yet."""
+        return self.expected_rows is not None and not self.rows_known
+
+    def provisional_weight(self, dtype):
+        """n_r / B as `dtype`, B the global batch's expected rows, the same on every rank (the
+        batch size `fit` was given). A sum over ranks of values weighted by it is n / B times
+        the share-weighted sum: `provisional_correction` makes it exact once n is known."""
+        return tf.cast(self.rows_weight(tf.float32) / float(self.expected_rows), dtype)
+
+    def provisional_correction(self, total):
+        """`total`, a sum over ranks of values weighted by `provisional_weight`, made the
+        share-weighted sum: times B / n - through a `tf.cond` that passes the buffer on when
+        n = B (every batch but an epoch's last partial one), so the usual step makes no pass
+        over it. Needs n (after the step's fused all-reduce)."""
+        expected = float(self.expected_rows)
+        rows = tf.cast(self.global_rows, tf.float32)
+        return tf.cond(tf.equal(rows, expected), lambda: tf.identity(total),
+                       lambda: total * tf.cast(tf.math.divide_no_nan(expected, rows),
+                                               total.dtype))
 
     def has_rows_weight(self, dtype):
         """1 if this rank's slice has rows, else 0, as `dtype` (an empty slice counts nothing)."""

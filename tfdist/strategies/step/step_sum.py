@@ -60,26 +60,31 @@ class StepSum:
         self._variables = []
         self._roles = []
         self._divide_by_rows = []
+        self._corrected = []  # per contribution: weighted provisionally (`provisional_weight`)
         self._scatter = []  # per contribution: (OptimizerShards, variable index) or None
         self._results = None
 
-    def _add(self, tensor, variable, divide_by_rows, is_gradient, scatter):
+    def _add(self, tensor, variable, divide_by_rows, is_gradient, scatter, corrected=False):
         self._tensors.append(tensor)
         self._variables.append(variable)
         self._roles.append(GRADIENT if is_gradient else EXACT)
         self._divide_by_rows.append(divide_by_rows)
+        self._corrected.append(corrected)
         self._scatter.append(scatter)
         return len(self._tensors) - 1
 
-    def add_sum(self, value, variable=None, is_gradient=False, scatter=None):
+    def add_sum(self, value, variable=None, is_gradient=False, scatter=None,
+                provisional=False):
         """sum_r value_r (the value is already weighted: zero where it must not count).
 
         `variable`: the variable `value` is the gradient of (for the
         aggregation hook), if known; `is_gradient`: it is a gradient;
         `scatter`: (OptimizerShards, index of the variable): the result is
-        this rank's slice of the sum (reduce-scattered).
+        this rank's slice of the sum (reduce-scattered); `provisional`: the
+        value carries n_r / B instead of the share (`RowAccounting.
+        provisional_weight`): the sum is corrected once n is known.
         """
-        return self._add(value, variable, False, is_gradient, scatter)
+        return self._add(value, variable, False, is_gradient, scatter, provisional)
 
     def add_share_weighted(self, value, variable=None, is_gradient=False, scatter=None):
         """sum_r share_r value_r: a per-slice mean's value over the global batch (`scatter`:
@@ -103,7 +108,8 @@ class StepSum:
         tensors = [self._tensors[p] for p in reduced]
         variables = [self._variables[p] for p in reduced]
         roles = [self._roles[p] for p in reduced]
-        needs_rows = any(self._divide_by_rows)
+        needs_rows = (any(self._divide_by_rows) or any(self._corrected)) and not (
+            self.step.rows_known)
         if needs_rows:
             tensors.append(tf.reshape(self.step.rows_weight(tf.float32), [1]))
             variables.append(None)
@@ -121,8 +127,8 @@ class StepSum:
             totals[p] = total
         self._results = [
             tf.math.divide_no_nan(total, tf.cast(self.step.global_rows, total.dtype))
-            if divide else total
-            for total, divide in zip(totals, self._divide_by_rows)]
+            if divide else self.step.provisional_correction(total) if corrected else total
+            for total, divide, corrected in zip(totals, self._divide_by_rows, self._corrected)]
 
     def result(self, slot):
         """The summed value of `slot` (after `run`)."""

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tfdist.strategies.step import empty_slice, replica_step
 from tfdist.strategies.step.batch_dependence import BatchLineage
 from tfdist.strategies.keras_patches import empty_slices
+from tfdist.strategies.keras_patches import model_strategy
 from tfdist.strategies.keras_patches import steps as keras_steps
 from tfdist.strategies.inputs.batch_slicing import batch_rows, leading_rows
 
@@ -51,8 +52,13 @@ def run(extended, fn, args, kwargs, plan):
 def _begin(extended, args, model, plan):
     """This step's `ReplicaStep`: its rows; the global batch's when they are needed.
 
-    The global row count comes with the step's fused all-reduce
-    (`step_sum`), except when the model's optimizer scales its loss
+    In Keras' own step, when the global batch's rows B are known alike on
+    every rank before it (`InputMode.expected_step_rows`: `fit`'s batch size)
+    and the aggregator does not compress, the loss is weighted provisionally
+    by n_r / B and the sums corrected once the step's fused all-reduce gave n
+    (`row_accounting`): no collective before the backward pass, no pass over
+    the gradients. Otherwise the global row count comes with the step's fused
+    all-reduce (`step_sum`), except when the model's optimizer scales its loss
     (float16 loss scaling), or when the aggregator's small all-reduce is
     cheap (`Aggregator.learns_rows_first`: the MPI engine) in Keras' own
     step (`StepPlan.weights_losses_for_rows_first`): the share then weights
@@ -68,10 +74,19 @@ def _begin(extended, args, model, plan):
         local_rows = batch_rows(args)
 
     # Through the aggregator: the step's only transport is the strategy's own algorithm.
-    rows_first = extended.aggregator.learns_rows_first and plan.weights_losses_for_rows_first
+    aggregator = extended.aggregator
+    expected = None
+    if plan.weights_losses_for_rows_first and not aggregator.weights_gradients_first:
+        with tf.init_scope():  # the data's batch size as fit recorded it, read eagerly
+            expected = extended.input_mode.expected_step_rows(
+                model_strategy.latest_data_batch_size())
+    rows_first = expected is None and (aggregator.learns_rows_first
+                                       and plan.weights_losses_for_rows_first)
     step = replica_step.ReplicaStep(local_rows, sum_over_ranks=extended.all_reduce_sum,
-                                    plan=plan, weights_every_loss=rows_first)
-    if rows_first or (model is not None and keras_steps.scales_loss(model.optimizer)):
+                                    plan=plan, weights_every_loss=rows_first or bool(expected),
+                                    expected_rows=expected)
+    if expected is None and (rows_first or (model is not None
+                                            and keras_steps.scales_loss(model.optimizer))):
         step.learn_global_rows(step.global_rows)
     return step
 
