@@ -41,7 +41,8 @@ learned is a cost trade, decided per engine:
   all-reduce, made once per step);
 * provisionally (Keras' own step when the global batch's rows B are known
   alike on every rank - `fit`'s batch size - before the step: every engine
-  but a compressing one): the loss is weighted by n_r / B, no collective
+  but a compressing one, an optimizer that does not scale its loss): the loss
+  is weighted by n_r / B, no collective
   before the backward pass and no pass over the gradients, which the step's
   fused all-reduce sums together with n_r; the sums are then n / B times the
   share-weighted ones, corrected by B / n through a `tf.cond` that leaves

@@ -53,8 +53,10 @@ def _begin(extended, args, model, plan):
     """This step's `ReplicaStep`: its rows; the global batch's when they are needed.
 
     In Keras' own step, when the global batch's rows B are known alike on
-    every rank before it (`InputMode.expected_step_rows`: `fit`'s batch size)
-    and the aggregator does not compress, the loss is weighted provisionally
+    every rank before it (`InputMode.expected_step_rows`: `fit`'s batch size),
+    the aggregator does not compress and the optimizer does not scale its loss
+    (float16's backward pass must carry one process's magnitudes, from the
+    exact share), the loss is weighted provisionally
     by n_r / B and the sums corrected once the step's fused all-reduce gave n
     (`row_accounting`): no collective before the backward pass, no pass over
     the gradients. Otherwise the global row count comes with the step's fused
@@ -75,8 +77,10 @@ def _begin(extended, args, model, plan):
 
     # Through the aggregator: the step's only transport is the strategy's own algorithm.
     aggregator = extended.aggregator
+    scaled = model is not None and keras_steps.scales_loss(model.optimizer)
     expected = None
-    if plan.weights_losses_for_rows_first and not aggregator.weights_gradients_first:
+    if plan.weights_losses_for_rows_first and not (aggregator.weights_gradients_first
+                                                   or scaled):
         with tf.init_scope():  # the data's batch size as fit recorded it, read eagerly
             expected = extended.input_mode.expected_step_rows(
                 model_strategy.latest_data_batch_size())
@@ -85,8 +89,7 @@ def _begin(extended, args, model, plan):
     step = replica_step.ReplicaStep(local_rows, sum_over_ranks=extended.all_reduce_sum,
                                     plan=plan, weights_every_loss=rows_first or bool(expected),
                                     expected_rows=expected)
-    if expected is None and (rows_first or (model is not None
-                                            and keras_steps.scales_loss(model.optimizer))):
+    if expected is None and (rows_first or scaled):
         step.learn_global_rows(step.global_rows)
     return step
 
