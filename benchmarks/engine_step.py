@@ -113,6 +113,8 @@ def _floor(tmp, processes, tag, models):
             results.append(json.load(f)["models"])
     return {model: {"median_step_ms": statistics.median(r[model]["median_step_ms"]
                                                         for r in results),
+                    "wall_ms_per_step": statistics.median(r[model]["wall_ms_per_step"]
+                                                          for r in results),
                     "per_process_ms": [r[model]["median_step_ms"] for r in results]}
             for model in models}
 
@@ -143,6 +145,7 @@ def _distributed(tmp, config, processes, tag, peer_python, models):
     with open(out) as f:
         everything = json.load(f)
     return {model: {"median_step_ms": result["median_step_ms"],
+                    "wall_ms_per_step": result.get("wall_ms_per_step"),
                     "parameters": result["parameters"], "backend": everything.get("backend")}
             for model, result in everything["models"].items()}
 
@@ -198,7 +201,11 @@ def run(tmp, rounds=ROUNDS, processes=PROCESSES, peer_python="auto", name="engin
             for config in configs:
                 mine = [r[model] for r in runs[config, p]]
                 ratios = [r["median_step_ms"] / f["median_step_ms"] for r, f in zip(mine, floor)]
+                walls = [r["wall_ms_per_step"] / f["wall_ms_per_step"] for r, f in zip(mine, floor)
+                         if r.get("wall_ms_per_step") and f.get("wall_ms_per_step")]
                 row = {"config": config, "processes": p, "model": model,
+                       "wall_over_floor_per_round": walls,
+                       "wall_over_floor": statistics.median(walls) if walls else None,
                        "median_step_ms": statistics.median(r["median_step_ms"] for r in mine),
                        "over_floor_per_round": ratios, "over_floor": statistics.median(ratios),
                        "backend": mine[0].get("backend")}

@@ -292,6 +292,9 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer
             "steps_timed": len(timer.steps), "median_step_ms": 1e3 * median,
             "mean_step_ms": 1e3 * statistics.fmean(timer.steps),
             "seconds_per_epoch": statistics.median(timer.epochs),
+            # an epoch's wall time per step, its boundary included (what Keras prints as
+            # ms/step): the per-epoch costs spread over the epoch's steps
+            "wall_ms_per_step": 1e3 * statistics.median(timer.epochs) / -(-samples // global_batch),
             "epoch_seconds": timer.epochs, "optimizer": optimizer,
             "optimizer_bytes": optimizer_bytes(model.optimizer), "peak_rss_mb": peak_rss_mb(),
             "training_rss_mb": rss_mb() - rss_before_model}

@@ -149,7 +149,8 @@ class _ReplicaConsistency(keras.callbacks.Callback):
                              f"at the end of epoch {epoch + 1}")
 
     def on_train_batch_end(self, batch, logs=None):
-        self._epoch_end.verify(replica_consistency.compared_variables(self.model))
+        if self._epoch_end.posted:  # the step after an epoch's end carried the fingerprints
+            self._epoch_end.verify(replica_consistency.compared_variables(self.model))
 
     def on_train_end(self, logs=None):
         communicator = self._strategy.extended.communicator

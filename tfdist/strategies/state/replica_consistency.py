@@ -145,6 +145,12 @@ class EpochEndCheck:
         self._flags.post_fingerprint(_halves(whole_fingerprint(variable_fingerprints(variables))))
         self._posted = where
 
+    @property
+    def posted(self) -> bool:
+        """True while posted fingerprints wait for a step to carry them (`verify` then
+        compares them; every other step has nothing to do)."""
+        return self._posted is not None
+
     def verify(self, variables: Sequence) -> None:
         """After a training step: compare the fingerprints it carried, if any were posted."""
         if self._posted is None:
