@@ -107,9 +107,6 @@ def run(tmp, rounds=engine_step.ROUNDS, peer_python="auto", name="default_step")
         for row in rows:
             if row["model"] == model and row["config"] != "floor":
                 summary[f"{model}_{row['config']}_over_floor"] = round(row["over_floor"], 3)
-                if row.get("wall_over_floor"):
-                    summary[f"{model}_{row['config']}_wall_over_floor"] = round(
-                        row["wall_over_floor"], 3)
                 if "over_mwms" in row:
                     summary[f"{model}_{row['config']}_over_mwms"] = round(row["over_mwms"], 3)
         anatomy_of = parts_of[model]

@@ -216,7 +216,8 @@ def anatomy_probe(keras, tfdist, strategy, timer):
 
         def on_train_begin(self, logs=None):
             counters = strategy.extended.communication_counters
-            counters.traced_calls.clear()
+            if hasattr(counters, "traced_calls"):  # (an older tfdist's counters do not list)
+                counters.traced_calls.clear()
             self.report.start(self.model)  # traces the step again, counted
             function = self.model.train_function
             seconds = self.function_seconds
@@ -242,9 +243,10 @@ def anatomy_probe(keras, tfdist, strategy, timer):
             def phase(scope):  # "tfdist/ring/gradients_65/" -> "tfdist/ring/gradients"
                 return re.sub(r"_\d+$", "", scope.rstrip("/"))
 
-            calls = collections.Counter(phase(scope) for scope, _ in counters.traced_calls)
+            traced = getattr(counters, "traced_calls", [])
+            calls = collections.Counter(phase(scope) for scope, _ in traced)
             sizes = collections.defaultdict(list)
-            for scope, size in counters.traced_calls:
+            for scope, size in traced:
                 sizes[phase(scope)].append(size)
             self.result = {
                 "communication": measured,
