@@ -4,8 +4,8 @@ The digits demo job (global batch 64) on 1 process and on 2 processes for
 each strategy (ring on TF collectives, on Horovod over Gloo and on Horovod
 over MPI under mpirun, tree, co-located parameter server), the ring again
 with a user's epoch-level callback, and a control (two independent single
-processes at batch 32 at once: the 2-process step if communication were
-free), in interleaved rounds: per step, the communications
+processes at batch 32 at once, each pinned to its own core with one intra-op
+thread as tfdist-run starts its ranks: the fair floor), in interleaved rounds: per step, the communications
 inside the compiled step, the eager exchanges between steps, the Python
 batch callbacks tfdist adds, the communication time (tfdist's counters) and
 the wall time, and each configuration's step time over one process's; the
@@ -19,8 +19,8 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.harness import (HERE, mpirun_available, mpirun_command, mpirun_env,
-                                per_round_ratios, write_result)
+from benchmarks.harness import (HERE, fair_floor_process, mpirun_available, mpirun_command,
+                                mpirun_env, per_round_ratios, write_result)
 
 ROUNDS = 4
 CONFIGS = {  # name: (processes, launcher, launcher flags, worker arguments)
@@ -49,8 +49,9 @@ def _job(tmp, name, index):
         subprocess.run(mpirun_command(processes) + worker, env=mpirun_env(), check=True)
     elif launcher == "independent":  # separate single processes, started together
         outs = [f"{out}.{i}" for i in range(processes)]
-        children = [subprocess.Popen([worker[0], worker[1], each, *arguments], env=env)
-                    for each in outs]
+        started = [fair_floor_process(i, [worker[0], worker[1], each, *arguments], env)
+                   for i, each in enumerate(outs)]  # pinned, one intra-op thread: the fair floor
+        children = [subprocess.Popen(command, env=child_env) for command, child_env in started]
         if any(child.wait() != 0 for child in children):
             raise RuntimeError(f"anatomy: an independent process of {name} failed")
         results = []
