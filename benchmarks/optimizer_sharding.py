@@ -12,7 +12,8 @@ per process, one intra-op thread per process):
   the step's buffers);
 * step time at P = 2: unsharded and sharded on each engine - TensorFlow's
   collectives ("ring") and Horovod's on Gloo ("horovod", when installed) - and
-  the no-communication floor (2 plain Keras processes), in interleaved rounds
+  the no-communication floor (2 plain Keras processes, each pinned to its own core with one
+  intra-op thread: the fair floor), in interleaved rounds
   (the order alternates); ratios per round to the same round's unsharded step
   on that engine and to the floor, medians over rounds.
 
@@ -31,7 +32,7 @@ import sys
 import time
 
 from benchmarks import peer_report
-from benchmarks.harness import HERE, write_result
+from benchmarks.harness import HERE, fair_floor_process, write_result
 from benchmarks.plotting import pyplot, save
 
 WORKER = os.path.join(HERE, "peer_worker.py")
@@ -71,10 +72,12 @@ def _launch(tmp, tag, processes, epochs, sharded, strategy="ring", mlp_hidden=ML
 
 def _floor(tmp, tag, processes):
     outs = [os.path.join(tmp, f"{tag}_{i}.json") for i in range(processes)]
-    procs = [subprocess.Popen(_worker(out, "keras3", TIME_EPOCHS, False),
-                              env=peer_report._worker_env(),  # pylint: disable=protected-access
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for out in outs]
+    started = [fair_floor_process(i, _worker(out, "keras3", TIME_EPOCHS, False),
+                                  peer_report._worker_env())  # pylint: disable=protected-access
+               for i, out in enumerate(outs)]  # pinned, one intra-op thread: the fair floor
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for command, env in started]
     for proc in procs:
         output, _ = proc.communicate(timeout=peer_report.JOB_TIMEOUT_S)
         if proc.returncode != 0:
