@@ -98,7 +98,7 @@ def test_two_processes_on_tf_collectives_equal_one_process(references, tmp_path)
     """tfdist-run, 2 processes: TensorFlow's collectives."""
     prefix = str(tmp_path / "job")
     done = tfdist_run(2, [script("horovod_api.py"), prefix], timeout=600,
-                      launcher=["--no-horovod"])
+                      launcher=["--no-mpi", "--no-horovod"])  # neither Open MPI nor Horovod
     _check_job(done, prefix, 2, references(2))
     assert "aggregator ring on collective" in done.stdout + done.stderr
 
