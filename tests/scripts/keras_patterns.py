@@ -515,26 +515,27 @@ class ClippedByHandModel(keras.Model):
         return [self.loss_tracker, self.norm_tracker]
 
 
-def case_retyped_keras_step(strategy):
-    """Keras' own train_step retyped, the tracker given what scale_loss returned (75 rows)."""
-    keras.utils.set_random_seed(27)
-    x, y = dense_data(75, seed=28)
+def fit_custom_step(strategy, model_class, make_optimizer, seed):
+    """`model_class` on custom_inputs(), mse, 75 rows in batches of 32 for 3 epochs."""
+    keras.utils.set_random_seed(seed)
+    x, y = dense_data(75, seed=seed + 1)
     with strategy.scope():
-        model = RetypedKerasStepModel(*custom_inputs())
-        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse")
+        model = model_class(*custom_inputs())
+        model.compile(optimizer=make_optimizer(), loss="mse")
     history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
     return results(model, history)
+
+
+def case_retyped_keras_step(strategy):
+    """Keras' own train_step retyped, the tracker given what scale_loss returned (75 rows)."""
+    return fit_custom_step(strategy, RetypedKerasStepModel,
+                           lambda: keras.optimizers.Adam(0.02), seed=27)
 
 
 def case_clipped_by_hand(strategy):
     """clip_by_global_norm(gradients, 0.2) in a custom train_step, SGD (75 rows, batch 32)."""
-    keras.utils.set_random_seed(29)
-    x, y = dense_data(75, seed=30)
-    with strategy.scope():
-        model = ClippedByHandModel(*custom_inputs())
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
-    return results(model, history)
+    return fit_custom_step(strategy, ClippedByHandModel, lambda: keras.optimizers.SGD(0.1),
+                           seed=29)
 
 
 def case_custom_loop_clipped_by_hand(strategy):

@@ -114,10 +114,9 @@ class GlobalGradients:
                 elif isinstance(gradient, tf.IndexedSlices):
                     gathered = self.gather_slices(gradient, step, weight)
                     if provisional:  # B / n: exactly 1 (x * 1.0 == x) but on a partial batch
-                        factor = tf.math.divide_no_nan(float(step.expected_rows),
-                                                       tf.cast(step.global_rows, tf.float32))
                         gathered = tf.IndexedSlices(
-                            gathered.values * tf.cast(factor, gathered.values.dtype),
+                            gathered.values * tf.cast(step.provisional_factor(),
+                                                      gathered.values.dtype),
                             gathered.indices, gathered.dense_shape)
                     result[position] = gathered
             return result

@@ -191,11 +191,15 @@ class RowAccounting:
         share-weighted sum: times B / n - through a `tf.cond` that passes the buffer on when
         n = B (every batch but an epoch's last partial one), so the usual step makes no pass
         over it. Needs n (after the step's fused all-reduce)."""
-        expected = float(self.expected_rows)
         rows = tf.cast(self.global_rows, tf.float32)
-        return tf.cond(tf.equal(rows, expected), lambda: tf.identity(total),
-                       lambda: total * tf.cast(tf.math.divide_no_nan(expected, rows),
-                                               total.dtype))
+        return tf.cond(tf.equal(rows, float(self.expected_rows)), lambda: tf.identity(total),
+                       lambda: total * tf.cast(self.provisional_factor(), total.dtype))
+
+    def provisional_factor(self):
+        """float32 B / n: what makes a sum weighted by `provisional_weight` share-weighted
+        (exactly 1.0 when n = B). Needs n."""
+        return tf.math.divide_no_nan(float(self.expected_rows),
+                                     tf.cast(self.global_rows, tf.float32))
 
     def has_rows_weight(self, dtype):
         """1 if this rank's slice has rows, else 0, as `dtype` (an empty slice counts nothing)."""
