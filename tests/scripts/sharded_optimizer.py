@@ -278,8 +278,9 @@ def make_strategy(kind, backend="auto", bucket_bytes=None):
 
     buckets = {} if bucket_bytes is None else {"fusion_threshold_bytes": bucket_bytes,
                                                "first_bucket_bytes": bucket_bytes}
-    return tfdist.strategies.RingAllReduceStrategy(
-        backend=backend, shard_optimizer_state=(kind == "sharded"), **buckets)
+    sharding = {"sharded": "optimizer", "gradients": "gradients",
+                "parameters": "parameters"}.get(kind)
+    return tfdist.strategies.RingAllReduceStrategy(backend=backend, sharding=sharding, **buckets)
 
 
 def save_on_rank_zero_only(strategy, workdir):
@@ -296,7 +297,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--strategy", choices=("plain", "sharded", "ring"), default="sharded")
+    parser.add_argument("--strategy", choices=("plain", "sharded", "gradients", "parameters",
+                                               "ring"), default="sharded")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--workdir", default=".")
     parser.add_argument("--bucket-bytes", type=int, default=None,

@@ -1,6 +1,6 @@
 """`RingAllReduceStrategy`: gradients summed with a ring all-reduce."""
 
-from typing import Union
+from typing import Optional, Union
 
 from tfdist.aggregation.compression import Compressor
 from tfdist import env_vars, runtime
@@ -94,7 +94,18 @@ class RingAllReduceStrategy(DataParallelStrategy):
             training, evaluation and saved files equal the unsharded strategy's.
             Element-wise optimizers only; with "fp16" or no compression; on every
             engine ("collective" all-reduces where it has no reduce-scatter). Algorithm,
-            guarantee and cost: `tfdist.strategies.modes.optimizer_shards`.
+            guarantee and cost: `tfdist.strategies.modes.optimizer_shards`. The same as
+            `sharding="optimizer"`.
+        sharding: where the training state lives, one value as FSDP's
+            `ShardingStrategy`: None (whole on every rank), "optimizer" (ZeRO stage 1:
+            the optimizer state as 1/P slices), "gradients" (stage 2: the same placement
+            here - a TensorFlow step keeps no gradient buffers, and stage 1 already
+            reduce-scatters where the engine can; `modes.sharded_state.ShardedGradients`),
+            or "parameters" (stage 3: each rank stores 1/P of every trainable variable,
+            gathered where a layer reads it and reduce-scattered in the backward pass;
+            for models whose parameters, gradients and state do not fit one process:
+            `tfdist.strategies.modes.parameter_shards`). Training, evaluation and saved
+            files equal the unsharded strategy's.
 
     Example:
 
@@ -113,7 +124,9 @@ class RingAllReduceStrategy(DataParallelStrategy):
                  compression: Union[str, Compressor, None] = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  implementation: str = "auto", per_rank_input: bool = False,
-                 shard_optimizer_state: bool = False):
+                 shard_optimizer_state: bool = False, sharding: Optional[str] = None):
+        placement = modes.optimizer_state(shard_optimizer_state, sharding)  # checked first
+        self.sharding = placement.sharding
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts
@@ -124,5 +137,5 @@ class RingAllReduceStrategy(DataParallelStrategy):
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),
             engine=self.backend, engine_options=engine_options, compression=compression,
             per_rank_input=per_rank_input, engine_reason=why,
-            optimizer_state=modes.optimizer_state(shard_optimizer_state),
+            optimizer_state=placement,
         )

@@ -201,7 +201,10 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             with self.rank_local_variables():  # each rank draws its own masks
                 return super()._create_variable(next_creator, **kwargs)
         kwargs = self.input_mode.creating_variable(kwargs, self._communicator)
-        variable = super()._create_variable(next_creator, **kwargs)
+        variable = self.optimizer_state.create(
+            lambda placed: super(DataParallelExtended, self)._create_variable(next_creator,
+                                                                              **placed),
+            kwargs, self._communicator)
         return self.local_state.track(variable)
 
     # ---------------------------------------------------------- reductions

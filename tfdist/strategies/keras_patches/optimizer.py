@@ -54,9 +54,14 @@ def _made_global(step, strategy, optimizer, grads, variables, scatter_to):
     """An immediate `apply`'s gradients made global: summed over the ranks now, but for those a
     tape of this step made global already (`gradient_tape`: passed as they are)."""
     paired = len(variables) == len(grads)
-    if paired and any(step.global_at_tape(v) for v in variables):
+    placement = strategy.extended.optimizer_state
+
+    def made_global(variable):  # by a tape of this step, or in the backward pass
+        return step.global_at_tape(variable) or placement.reduced_in_backward(variable)
+
+    if paired and any(made_global(v) for v in variables):
         pending = [i for i, (g, v) in enumerate(zip(grads, variables))
-                   if g is not None and not step.global_at_tape(v)]
+                   if g is not None and not made_global(v)]
         if not pending:
             return grads
         summed = strategy.extended.aggregate_gradients(
@@ -134,12 +139,16 @@ def install():
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
             scatter_to = strategy.extended.optimizer_state.scatter_target(self)
             if step.plan.updates == DEFERRED:  # summed with the step's state at its end
+                paired = len(variables) == len(grads)
+                placement = strategy.extended.optimizer_state
                 step.defer_update(replica_step.DeferredUpdate(
                     tuple(grads),
-                    tuple(variables) if len(variables) == len(grads) else None,
+                    tuple(variables) if paired else None,
                     step.loss_was_weighted_for(self),
                     lambda global_grads: _apply_global(self, global_grads, trainable_variables),
-                    scatter_to))
+                    scatter_to,
+                    tuple(placement.reduced_in_backward(v) for v in variables) if paired
+                    else ()))
                 return None
             grads = _made_global(step, strategy, self, grads, variables, scatter_to)
             with step.aggregated_gradients():

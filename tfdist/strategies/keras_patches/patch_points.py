@@ -131,6 +131,11 @@ POINTS = (
                "keras.src.optimizers.adam: measured), attributes of the one object do not; "
                "the shards themselves are in optimizer_shards' weak registry, not on it",
                per_instance=True),
+    PatchPoint("BaseOptimizer", ("_backend_apply_gradients",), "sharded_optimizer_methods",
+               "with the parameters sharded (sharding='parameters') the update must read the "
+               "stored slices, where every other read gathers the whole parameter; Keras' "
+               "update (clipping, weight decay, the rule, EMA) is this one method",
+               per_instance=True),
     PatchPoint("LossScaleOptimizer", ("check_finite",), "sharded_optimizer_methods",
                "with reduce-scattered gradients each rank holds its slices only, and "
                "apply's skip-or-update decision (and the loss scale's change) is taken from "

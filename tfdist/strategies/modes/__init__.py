@@ -24,7 +24,8 @@ from tfdist.strategies.modes.global_batch_input import GlobalBatchInput
 from tfdist.strategies.modes.interfaces import InputMode, OptimizerStateMode, UpdateMode
 from tfdist.strategies.modes.per_rank_input import PerRankInput
 from tfdist.strategies.modes.replicated_state import ReplicatedOptimizerState
-from tfdist.strategies.modes.sharded_state import ShardedOptimizerState
+from tfdist.strategies.modes.sharded_parameters import ShardedParameters
+from tfdist.strategies.modes.sharded_state import ShardedGradients, ShardedOptimizerState
 from tfdist.strategies.modes.synchronous_updates import SynchronousUpdates
 
 
@@ -42,9 +43,22 @@ def input_mode(per_rank_input=False):
     return PerRankInput() if per_rank_input else GlobalBatchInput()
 
 
-def optimizer_state(shard_optimizer_state=False):
-    """The `OptimizerStateMode` of `RingAllReduceStrategy(shard_optimizer_state=...)`."""
-    return ShardedOptimizerState() if shard_optimizer_state else ReplicatedOptimizerState()
+SHARDINGS = {None: ReplicatedOptimizerState, "optimizer": ShardedOptimizerState,
+             "gradients": ShardedGradients, "parameters": ShardedParameters}
+
+
+def optimizer_state(shard_optimizer_state=False, sharding=None):
+    """The placement (`OptimizerStateMode`) of `RingAllReduceStrategy(sharding=...)`: None
+    (everything whole on every rank), "optimizer" (ZeRO stage 1), "gradients" (stage 2) or
+    "parameters" (stage 3); `shard_optimizer_state=True` is `sharding="optimizer"`."""
+    if shard_optimizer_state:
+        if sharding not in (None, "optimizer"):
+            raise ValueError(f"shard_optimizer_state=True is sharding='optimizer'; it cannot "
+                             f"go with sharding={sharding!r}: give sharding alone.")
+        sharding = "optimizer"
+    if sharding not in SHARDINGS:
+        raise ValueError(f"sharding must be one of {tuple(SHARDINGS)}. Got: {sharding!r}")
+    return SHARDINGS[sharding]()
 
 
 def choose(per_rank_input=False, optimizer_state_mode=None, updates=None):
@@ -56,7 +70,7 @@ def choose(per_rank_input=False, optimizer_state_mode=None, updates=None):
                  updates=updates if updates is not None else SynchronousUpdates())
 
 
-__all__ = ["AsynchronousUpdates", "GlobalBatchInput", "InputMode", "Modes", "OptimizerStateMode",
+__all__ = ["SHARDINGS", "ShardedGradients", "ShardedParameters", "AsynchronousUpdates", "GlobalBatchInput", "InputMode", "Modes", "OptimizerStateMode",
            "PerRankInput", "ReplicatedOptimizerState", "ShardedOptimizerState",
            "SynchronousUpdates", "UpdateMode", "choose", "input_mode", "optimizer_state",
            "replicated_state_only"]

@@ -90,6 +90,18 @@ class OptimizerStateMode(Protocol):
     """A checkpoint needs every rank (each holds a part of the state): non-chief ranks keep
     their checkpoint callbacks, and ranks must have the same ones."""
 
+    sharding: Optional[str]
+    """The public name (`RingAllReduceStrategy(sharding=...)`): None, "optimizer",
+    "gradients" or "parameters"."""
+
+    def create(self, create: Callable, kwargs: dict, communicator: Any) -> Any:
+        """Where a variable being created lives: `create(kwargs)` makes it whole; a
+        placement that shards parameters creates this rank's slice of a parameter."""
+
+    def reduced_in_backward(self, variable: Any) -> bool:
+        """True if `variable`'s gradient is global when the backward pass produced it (a
+        sharded parameter's, reduce-scattered there): the step sums it no more."""
+
     def check_compression(self, compression_name: str, rank: int) -> None:
         """A clear error for a gradient compression this mode cannot go with."""
 

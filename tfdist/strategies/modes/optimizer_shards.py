@@ -97,21 +97,31 @@ class OptimizerShards:
     """
 
     def __init__(self, variables: Sequence, communicator, create_local, buckets=None,
-                 counters=None):
+                 counters=None, parameter_storage: Optional[Sequence] = None):
         self.variables = list(variables)
+        # Stage 3 (`sharded_parameters`): the parameters themselves are stored as this rank's
+        # slices, cut per variable; those storage variables are the shard variables, so
+        # nothing is copied in before the update nor gathered after it.
+        self.holds_parameters = parameter_storage is not None
         self.communicator = communicator
         self.rank = communicator.rank
         self.world_size = communicator.world_size
         # The step reduce-scatters the gradients (`reduce_scatter`): 1x the bytes of the
         # unsharded ring instead of 1.5x.
-        self.scatters = bool(communicator.reduces_scatter and buckets is not None)
+        self.scatters = bool(communicator.reduces_scatter and buckets is not None
+                             or self.holds_parameters)  # stage 3: slices from the backward
         sizes = [_elements(v) for v in self.variables]
         dtypes = [tf.as_dtype(v.dtype) for v in self.variables]
         # Ranges per gradient bucket (one per dtype without buckets): each parameter
-        # all-gather, and each reduce-scatter, moves one bucket's buffer at most.
-        groups = ([d.name for d in dtypes] if buckets is None else
-                  bucket_groups(sizes, [d.name for d in dtypes], [d.size for d in dtypes],
-                                *buckets))
+        # all-gather, and each reduce-scatter, moves one bucket's buffer at most; stage 3
+        # cuts each variable on its own (each is gathered where it is read).
+        if self.holds_parameters:
+            groups = [f"{d.name}/{i}" for i, d in enumerate(dtypes)]
+        elif buckets is None:
+            groups = [d.name for d in dtypes]
+        else:
+            groups = bucket_groups(sizes, [d.name for d in dtypes], [d.size for d in dtypes],
+                                   *buckets)
         self.partition = FlatPartition(sizes, groups, self.world_size)
         self.counters = counters  # the process's `CommunicationCounters`, or None
         self._group_dtype = dict(zip(groups, dtypes))
@@ -124,7 +134,7 @@ class OptimizerShards:
             self._index[id(variable)] = i
             self._index[id(getattr(variable, "value", variable))] = i
         with create_local(), tf.init_scope():
-            self.shard_variables = [
+            self.shard_variables = list(parameter_storage) if self.holds_parameters else [
                 tf.Variable(tf.zeros([stop - start], tf.as_dtype(v.dtype)), trainable=False,
                             name=f"{_path(v).replace('/', '_')}_shard")
                 for v, (start, stop) in zip(self.variables, self.ranges)]
@@ -171,6 +181,8 @@ class OptimizerShards:
 
     def copy_in(self, indices: Optional[Sequence[int]] = None) -> None:
         """The shard variables take their slices of the model variables' current values."""
+        if self.holds_parameters:
+            return
         for i in range(len(self.variables)) if indices is None else indices:
             if self.local_size(i):
                 self.shard_variables[i].assign(self.local_part(self.variables[i], i))
@@ -241,7 +253,9 @@ class OptimizerShards:
     def gather_into_model(self, indices: Optional[Sequence[int]] = None) -> None:
         """Every rank's shard variables all-gathered into the model variables (one collective
         per group - a gradient bucket of one dtype - each rank's range padded to the
-        largest)."""
+        largest); nothing when the shard variables are the parameters."""
+        if self.holds_parameters:
+            return
         chosen = set(range(len(self.variables)) if indices is None else indices)
         with tf.name_scope(communication_scope("sharded", "parameters")):
             for group, members in self._group_members.items():

@@ -14,6 +14,15 @@ class ReplicatedOptimizerState:
     """Whole optimizer state on every rank; see the module docstring."""
 
     every_rank_saves = False
+    sharding = None
+
+    def create(self, create, kwargs, communicator):
+        del communicator
+        return create(kwargs)
+
+    def reduced_in_backward(self, variable):
+        del variable
+        return False
 
     def check_compression(self, compression_name, rank):
         del compression_name, rank  # any compression

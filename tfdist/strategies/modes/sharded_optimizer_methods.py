@@ -37,6 +37,7 @@ from tfdist.profiling.names import communication_scope
 
 from tfdist.strategies.keras_patches import patch_points
 from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
+from tfdist.strategies.modes import parameter_shards
 from tfdist.strategies.modes.optimizer_shards import shards_of
 
 # Keras' optimizers whose update of an element reads only that element (and scalars).
@@ -220,6 +221,9 @@ def install_on(optimizer, shards, extended):
             else:
                 variable.assign(store[str(i)])
 
+    if shards.holds_parameters:  # stage 3: the update reads and writes the stored slices
+        _install_raw_update(optimizer, cls)
+
     overrides = {
         "add_variable_from_reference": add_variable_from_reference,
         "_clip_gradients": _clip_gradients,
@@ -235,6 +239,20 @@ def install_on(optimizer, shards, extended):
                                          functools.wraps(getattr(cls, name))(replacement))
     patch_points.replace_on_instance(optimizer, "TFOptimizer", "_all_reduce_sum_gradients",
                                      _all_reduce_sum_gradients)
+
+
+def _install_raw_update(optimizer, cls):
+    """Stage 3: the update (clipping, weight decay, the rule, EMA) reads the parameters'
+    stored slices, not their gathered whole values (`parameter_shards.raw_reads`)."""
+    for name in ("_backend_apply_gradients", "_overwrite_model_variables_with_average_value"):
+        method = getattr(cls, name)
+
+        def raw(*args, _method=method, **kwargs):
+            with parameter_shards.raw_reads():
+                return _method(optimizer, *args, **kwargs)
+
+        patch_points.replace_on_instance(optimizer, "BaseOptimizer", name,
+                                         functools.wraps(method)(raw))
 
 
 def _clip_by_norm(values, l2sum, clipnorm):

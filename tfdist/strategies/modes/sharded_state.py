@@ -36,6 +36,15 @@ class ShardedOptimizerState:
     """1/P of the optimizer state on each rank; see the module docstring."""
 
     every_rank_saves = True
+    sharding = "optimizer"
+
+    def create(self, create, kwargs, communicator):
+        del communicator
+        return create(kwargs)  # parameters whole
+
+    def reduced_in_backward(self, variable):
+        del variable
+        return False  # summed by the step (reduce-scattered where the engine can)
 
     def check_compression(self, compression_name, rank):
         if compression_name not in SHARDABLE_COMPRESSIONS:
@@ -107,3 +116,19 @@ class ShardedOptimizerState:
             "whole state needs every rank's slices. Give every rank the same checkpoint "
             "callbacks (the chief writes the file; the others hand over their slices), or "
             "shard_optimizer_state=False for Horovod's save-on-rank-0 convention.")
+
+
+class ShardedGradients(ShardedOptimizerState):
+    """ZeRO stage 2 (`sharding="gradients"`): stage 1's placement under stage 2's name.
+
+    In PyTorch stage 2 saves the gradient buffers (`.grad`) that live from
+    the backward pass to the optimizer's step. A TensorFlow step keeps no
+    such buffers: its gradients are tensors of the step, and stage 1 here
+    already reduce-scatters them where the engine can (each rank receives
+    its slices only, bucket by bucket, as the backward pass produces them)
+    and keeps gradient accumulators as slices (they are optimizer slots).
+    So stage 2 is the same placement; the name is accepted so that a
+    script written for the ladder keeps its meaning.
+    """
+
+    sharding = "gradients"

@@ -78,21 +78,25 @@ class GlobalGradients:
         total.run(self._aggregator.all_reduce)
         return finish()
 
-    def add_to(self, total, gradients, variables, weighted_in_loss, scatter_to=None):
+    def add_to(self, total, gradients, variables, weighted_in_loss, scatter_to=None,
+               global_already=()):
         """Contribute the gradients to `total` (a `StepSum`); return `finish`.
 
         `finish()`, called after `total.run`, gives the global gradients in
         order: dense ones from the sum, sparse ones gathered. `scatter_to`:
         the `OptimizerShards` of a sharded optimizer that reduce-scatters
         (`OptimizerShards.scatters`): its variables' dense gradients come back
-        as this rank's slices of the global gradients.
+        as this rank's slices of the global gradients. `global_already`: per gradient,
+        True if the backward pass made it global (a sharded parameter's): not summed again,
+        only corrected by B / n when the loss carried the provisional share.
         """
         step = total.step
         provisional = weighted_in_loss and step.loss_weighted_provisionally
         variables = list(variables) if variables is not None else [None] * len(gradients)
         slots = {}
+        done = {position for position, already in enumerate(global_already) if already}
         for position, gradient in enumerate(gradients):
-            if gradient is None or isinstance(gradient, tf.IndexedSlices):
+            if gradient is None or isinstance(gradient, tf.IndexedSlices) or position in done:
                 continue
             index = scatter_to.index_of(variables[position]) if (
                 scatter_to is not None and variables[position] is not None) else None
@@ -109,7 +113,11 @@ class GlobalGradients:
             weight = step.gradient_weight(weighted_in_loss)
             result = list(gradients)
             for position, gradient in enumerate(gradients):
-                if position in slots:
+                if position in done:
+                    if provisional and gradient is not None:
+                        gradient = _times(gradient, step.provisional_factor())
+                    result[position] = gradient
+                elif position in slots:
                     result[position] = total.result(slots[position])
                 elif isinstance(gradient, tf.IndexedSlices):
                     gathered = self.gather_slices(gradient, step, weight)
@@ -210,6 +218,14 @@ def _summed_per_index(slices):
     indices, position = tf.unique(slices.indices)
     values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(indices))
     return tf.IndexedSlices(values, indices, slices.dense_shape)
+
+
+def _times(gradient, factor):
+    """`gradient` (dense or sparse) times the scalar `factor`."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
 
 
 def _weighted(tensor, weight):

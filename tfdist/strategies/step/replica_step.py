@@ -72,6 +72,12 @@ class ReplicaStep(RowAccounting):
             return lambda dtype: tf.ones([], dtype)
         return self.has_rows_weight if weighted_in_loss else self.weight
 
+    def parameter_gradient_weight(self, dtype):
+        """The weight of this rank's gradient of a sharded parameter in the backward pass,
+        where it is reduce-scattered (`parameter_shards`): `gradient_weight` for whether a
+        loss of the step carried the share already."""
+        return self.gradient_weight(bool(self._share_in_loss))(dtype)
+
     def counted_gradient(self, gradient):
         """A gradient whose loss already carried the share (`weight_loss`) or was scaled by
         the user, as it is; zeros from an empty slice's stand-in row (NaN included) - what
@@ -245,6 +251,8 @@ class DeferredUpdate:
         apply: the optimizer's own `apply`, called with the global gradients.
         scatter_to: the `OptimizerShards` of a sharded optimizer that takes its
             gradients reduce-scattered (this rank's slices), or None.
+        global_already: per gradient, True if it was made global in the backward pass
+            (a sharded parameter's: `OptimizerStateMode.reduced_in_backward`).
     """
 
     gradients: tuple
@@ -252,6 +260,7 @@ class DeferredUpdate:
     weighted_in_loss: bool
     apply: object
     scatter_to: object = None
+    global_already: tuple = ()
 
 
 def _share_in_backward(loss, weight):

@@ -105,7 +105,7 @@ def _end(extended, fn, model, outputs, step):
     total = gradients.step_sum(step)
     updates = step.take_deferred_updates()
     finish_gradients = [gradients.add_to(total, u.gradients, u.variables,
-                                         u.weighted_in_loss, u.scatter_to)
+                                         u.weighted_in_loss, u.scatter_to, u.global_already)
                         for u in updates]
     state_slots = local_state.contribute(assigned, step, total)
     raw_keys = (keras_steps.raw_log_keys(model, outputs)

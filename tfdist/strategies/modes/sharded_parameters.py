@@ -1,0 +1,92 @@
+"""Sharded parameters (ZeRO stage 3): each rank stores 1/P of the parameters and of their state.
+
+`RingAllReduceStrategy(sharding="parameters")`, the placement that keeps a
+model that does not fit one process trainable. It is stage 1's placement
+(`sharded_state.ShardedOptimizerState`: the optimizer's slots take the
+rank's slice's shape, its update runs on the slices, saves consolidate)
+with the parameters themselves placed as slices:
+
+* where a variable is created (`create`): a trainable floating-point
+  variable stores this rank's range only (`parameter_shards`); everything
+  else (moving statistics, seed states, metrics, the optimizer's step count)
+  is whole, as without sharding;
+* where it is read: gathered whole (`parameter_shards`: reading gathers);
+* where its gradient is reduced: in the backward pass, reduce-scattered
+  (`reduced_in_backward`: the step adds it to no sum of its own);
+* where it is updated: the optimizer's own update on the storage, which is
+  the slice - stage 1's partition cut per variable
+  (`OptimizerShards(parameter_storage=...)`), so no copy in and no gather
+  after the update;
+* where it is saved or loaded: Keras' own files read and assign whole
+  values (every rank saves together; a load keeps this rank's range).
+
+Guarantee and cost: `parameter_shards` (the storage) and `optimizer_shards`
+(the update), measured in benchmarks/results/parameter_sharding.json.
+"""
+
+import tensorflow as tf
+
+from tfdist.strategies.modes import optimizer_shards
+from tfdist.strategies.modes import parameter_shards
+from tfdist.strategies.modes import sharded_optimizer_methods
+from tfdist.strategies.modes.sharded_state import ShardedOptimizerState
+
+
+class ShardedParameters(ShardedOptimizerState):
+    """1/P of the parameters, of their gradients and of the optimizer state on each rank."""
+
+    sharding = "parameters"
+
+    def create(self, create, kwargs, communicator):
+        if communicator.world_size == 1 or not _is_parameter(kwargs):
+            return create(kwargs)
+        initial = kwargs["initial_value"]
+        with tf.init_scope():
+            whole = tf.convert_to_tensor(initial() if callable(initial) else initial,
+                                         dtype=kwargs.get("dtype"))
+        shard = parameter_shards.ParameterShard(whole.shape, whole.dtype, communicator)
+        kwargs = dict(kwargs, initial_value=shard.local_part(whole))
+        kwargs.pop("shape", None)
+        return parameter_shards.make_sharded(create(kwargs), shard)
+
+    def reduced_in_backward(self, variable):
+        return parameter_shards.shard_of(variable) is not None
+
+    def begin_build(self, optimizer, variables, extended):
+        storage = [parameter_shards.storage_of(v) for v in variables]
+        if not parameter_shards.shards_placed(variables):
+            super().begin_build(optimizer, variables, extended)  # none placed: stage 1's
+            return
+        if optimizer_shards.shards_of(optimizer) is not None or _wraps_another(optimizer):
+            return
+        whole = [getattr(v, "path", v.name) for v in variables
+                 if parameter_shards.shard_of(v) is None]
+        if whole:
+            raise ValueError(
+                f"tfdist rank {extended.communicator.rank}: sharding='parameters' applies "
+                f"{optimizer.name} to variables that are not sharded parameters ({whole}): "
+                "create the model's variables under strategy.scope().")
+        sharded_optimizer_methods.check_shardable(optimizer, variables,
+                                                  extended.communicator.rank)
+        shards = optimizer_shards.OptimizerShards(
+            variables, extended.communicator, extended.rank_local_variables,
+            counters=extended.communication_counters, parameter_storage=storage)
+        optimizer_shards.register(optimizer, shards)
+        sharded_optimizer_methods.install_on(optimizer, shards, extended)
+
+
+def _is_parameter(kwargs) -> bool:
+    """A trainable floating-point variable: a parameter (placed as a slice)."""
+    if not kwargs.get("trainable", True):
+        return False
+    if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
+        return False
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        initial = kwargs.get("initial_value")
+        dtype = getattr(initial, "dtype", None)
+    return dtype is not None and tf.as_dtype(dtype).is_floating
+
+
+def _wraps_another(optimizer) -> bool:
+    return getattr(optimizer, "inner_optimizer", None) is not None
