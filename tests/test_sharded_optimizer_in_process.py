@@ -79,6 +79,85 @@ def test_sharded_training_equals_the_plain_script(name, tmp_path):
             assert_same_keras_file_arrays(tmp_path / "plain" / file, tmp_path / "sharded" / file)
 
 
+# sharding="parameters" (ZeRO stage 3) on the same cases, against the plain script: every
+# trainable variable stored as 1/P, gathered where read, reduce-scattered in the backward
+# pass. Sparse (tf.SparseTensor) input is not yet served with the parameters sharded.
+PARAMETER_WORLDS = {name: world for name, world in WORLDS.items()
+                    if name != "sparse_input_nadam"}
+PARAMETERS_SLOW = ("eager_masked_sequence", "custom_loop_checkpoint", "save_and_load")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow]
+                                               if name in PARAMETERS_SLOW else [])
+                                  for name in sorted(PARAMETER_WORLDS)])
+def test_parameter_sharded_training_equals_the_plain_script(name, tmp_path):
+    world = PARAMETER_WORLDS[name]
+    reference = run_case(name, "plain", 1, tmp_path / "plain")
+    ranks = run_case(name, "parameters", world, tmp_path / "parameters")
+    skip = ("optimizer_bytes",)
+    assert_ranks_match_reference(
+        {k: v for k, v in reference.items() if k not in skip},
+        [{k: v for k, v in r.items() if k not in skip} for r in ranks],
+        lambda key: (RTOL, ATOL), "the plain script")
+    # Each variable is cut on its own (ceil(N / P) elements each): a few elements more than
+    # 1/P per slot of each small variable.
+    plain_bytes = int(reference["optimizer_bytes"])
+    for rank, arrays in enumerate(ranks):
+        assert int(arrays["optimizer_bytes"]) <= plain_bytes / world * 1.1 + 64, (
+            rank, int(arrays["optimizer_bytes"]), plain_bytes)
+    if name == "save_and_load":
+        for file in ("best.keras", "model.keras", "model.weights.h5"):
+            assert_same_keras_file_arrays(tmp_path / "plain" / file,
+                                          tmp_path / "parameters" / file)
+
+
+def test_parameters_are_stored_as_one_rank_slice_and_read_whole():
+    """Each rank's TensorFlow variables of a parameter-sharded model hold ceil(N / P)
+    elements of each parameter at most; reading one (get_weights, every rank) gives it
+    whole, the same on every rank and equal to one process's initial value."""
+    def build(strategy):
+        with strategy.scope():
+            keras.utils.set_random_seed(3)
+            model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(41),
+                                      keras.layers.BatchNormalization(), keras.layers.Dense(5)])
+        return model
+
+    plain = build(tf_default_strategy())
+    whole = [w.shape for w in plain.get_weights()]
+
+    def rank_view(rank):
+        del rank
+        model = build(tfdist.strategies.RingAllReduceStrategy(sharding="parameters"))
+        stored = [int(np.prod(v.value.shape)) for v in model.variables]  # the model's order
+        return stored, model.get_weights()
+
+    for stored, weights in simulate_processes(3, rank_view):
+        assert len(stored) == len(plain.variables)
+        for variable, elements_stored in zip(plain.variables, stored):
+            elements = int(np.prod(variable.shape))
+            if variable.trainable:
+                assert elements_stored <= -(-elements // 3), (variable.path, stored)
+            else:  # BatchNorm's moving statistics stay whole
+                assert elements_stored == elements, variable.path
+        assert [w.shape for w in weights] == whole
+        for mine, reference in zip(weights, plain.get_weights()):
+            np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-6)
+
+
+def test_sharding_values_are_checked():
+    with pytest.raises(ValueError, match="sharding must be one of"):
+        tfdist.strategies.modes.optimizer_state(sharding="params")
+    with pytest.raises(ValueError, match="give sharding alone"):
+        tfdist.strategies.modes.optimizer_state(True, "parameters")
+    assert tfdist.strategies.modes.optimizer_state(True).sharding == "optimizer"
+
+
+def tf_default_strategy():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.distribute.get_strategy()
+
+
 def test_a_sharded_backup_resumes_at_another_size_re_sharded(tmp_path):
     """Adam + CosineDecay stopped at step 23 on 3 ranks (the backup, on the chief only, holds
     the whole state of step 20); 2 ranks resume it, each taking its new slices."""

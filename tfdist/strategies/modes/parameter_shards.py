@@ -102,6 +102,7 @@ class ParameterShard:
         self.stop = self.start + sizes[self.rank]
         self.loaded_whole: Optional[np.ndarray] = None  # kept while `keeping_loaded`
         self.keep_loaded = False
+        self.consolidated: Optional[np.ndarray] = None  # the whole value, inside `whole_values`
 
     @property
     def size(self) -> int:
@@ -136,12 +137,14 @@ class ParameterShard:
     def _scatter_gradient(self, upstream) -> tf.Tensor:
         """This rank's range of the sum over the ranks of each rank's weighted gradient of
         the whole parameter."""
-        gradient = tf.convert_to_tensor(upstream)  # an embedding's IndexedSlices: dense
+        if isinstance(upstream, tf.IndexedSlices):
+            return self._gathered_slices(upstream)
+        gradient = tf.convert_to_tensor(upstream)
         step = replica_step.current()
         if step is not None:
             gradient = tf.math.multiply_no_nan(
                 gradient, step.parameter_gradient_weight(gradient.dtype))
-        flat = tf.reshape(gradient, [-1])
+        flat = tf.reshape(gradient, [self.elements])  # static, whatever the op gave
         total = self.width * self.world_size
         if total > self.elements:
             flat = tf.pad(flat, [[0, total - self.elements]])
@@ -152,6 +155,22 @@ class ParameterShard:
                 mine = tf.reshape(self.communicator.all_reduce(flat),
                                   [self.world_size, self.width])[self.rank]
         return mine[:self.size]
+
+
+    def _gathered_slices(self, slices: tf.IndexedSlices) -> tf.IndexedSlices:
+        """A sparse gradient (an embedding's) stays sparse: the global batch's (index,
+        value) pairs of the whole parameter, gathered from every rank as without sharding
+        (`GlobalGradients.gather_slices`); the optimizer cuts this rank's range from them
+        (`OptimizerShards.local_part`). Densified, a row repeated in the batch would be
+        summed before Keras' rules square each occurrence, and the update would drift."""
+        step = replica_step.current()
+        gradients = getattr(tf.distribute.get_strategy().extended, "gradients", None)
+        if step is not None and gradients is not None:
+            return gradients.gather_slices(slices, step, step.parameter_gradient_weight)
+        with tf.name_scope(communication_scope("sharded", "sparse_gradients")):
+            values = self.communicator.all_gather(slices.values)
+            indices = self.communicator.all_gather(slices.indices)
+        return tf.IndexedSlices(values, indices, tf.constant(self.shape.as_list(), tf.int64))
 
 
 # id(storage variable) -> (weak reference to it, its ParameterShard)
@@ -195,6 +214,8 @@ def _storage_class(base: type) -> type:
 
     def _whole(self):
         shard = _shard(self)
+        if shard.consolidated is not None and not tf.inside_function():
+            return tf.constant(shard.consolidated)  # a save reading what was gathered
         return shard.gather(base.read_value(self))
 
     def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
@@ -268,3 +289,59 @@ def _storage_class(base: type) -> type:
 def shards_placed(variables) -> list:
     """The `ParameterShard` of each of `variables` that is a sharded parameter."""
     return [s for s in (shard_of(v) for v in variables) if s is not None]
+
+
+def _model_shards(model) -> list:
+    """(storage, shard) of `model`'s sharded parameters, in the model's order (the same on
+    every rank)."""
+    found, seen = [], set()
+    for variable in getattr(model, "variables", []):
+        shard = shard_of(variable)
+        storage = storage_of(variable)
+        if shard is not None and id(storage) not in seen:
+            seen.add(id(storage))
+            found.append((storage, shard))
+    return found
+
+
+@contextlib.contextmanager
+def whole_values(model):
+    """Inside: every sharded parameter of `model` reads as its whole value gathered once on
+    entry (eager; every rank enters together), so a save on the chief reads them without a
+    collective the other ranks would have to join. Nested entries gather once."""
+    pairs = [(storage, shard) for storage, shard in _model_shards(model)
+             if shard.consolidated is None]
+    try:
+        for storage, shard in pairs:
+            shard.consolidated = shard.gather(
+                type(storage).__mro__[1].read_value(storage)).numpy()
+        yield
+    finally:
+        for _, shard in pairs:
+            shard.consolidated = None
+
+
+@contextlib.contextmanager
+def keeping_loaded(model):
+    """Inside: a whole value assigned to a sharded parameter of `model` is kept, for
+    `share_loaded`."""
+    shards = [shard for _, shard in _model_shards(model)]
+    for shard in shards:
+        shard.keep_loaded = True
+    try:
+        yield
+    finally:
+        for shard in shards:
+            shard.keep_loaded = False
+
+
+def share_loaded(model, root: int = 0) -> None:
+    """After rank `root` alone loaded `model`'s weights (inside `keeping_loaded`): every rank
+    takes its range of each whole value (one broadcast per parameter; every rank calls)."""
+    for storage, shard in _model_shards(model):
+        value = shard.loaded_whole
+        if value is None:
+            value = np.zeros(shard.shape.as_list(), shard.dtype.as_numpy_dtype)
+        whole = shard.communicator.broadcast(tf.constant(value), root)
+        type(storage).__mro__[1].assign(storage, shard.local_part(whole))
+        shard.loaded_whole = None

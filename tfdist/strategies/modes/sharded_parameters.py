@@ -24,6 +24,8 @@ Guarantee and cost: `parameter_shards` (the storage) and `optimizer_shards`
 (the update), measured in benchmarks/results/parameter_sharding.json.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tfdist.strategies.modes import optimizer_shards
@@ -51,6 +53,20 @@ class ShardedParameters(ShardedOptimizerState):
 
     def reduced_in_backward(self, variable):
         return parameter_shards.shard_of(variable) is not None
+
+    @contextlib.contextmanager
+    def consolidated(self, model):
+        with super().consolidated(model), parameter_shards.whole_values(model):
+            yield
+
+    @contextlib.contextmanager
+    def keeping_loaded(self, model):
+        with super().keeping_loaded(model), parameter_shards.keeping_loaded(model):
+            yield
+
+    def share_loaded(self, model, root=0):
+        super().share_loaded(model, root)
+        parameter_shards.share_loaded(model, root)
 
     def begin_build(self, optimizer, variables, extended):
         storage = [parameter_shards.storage_of(v) for v in variables]
