@@ -69,6 +69,9 @@ def parse_args():
     parser.add_argument("--shard-optimizer-state", action="store_true",
                         help="ring, horovod and auto: "
                              "RingAllReduceStrategy(shard_optimizer_state=True)")
+    parser.add_argument("--sharding", choices=("optimizer", "gradients", "parameters"),
+                        default=None, help="ring, horovod, mpi and auto: "
+                                           "RingAllReduceStrategy(sharding=...)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="the timed models' optimizer (default SGD with momentum)")
     parser.add_argument("--cnn-batch", type=int, default=CNN_GLOBAL_BATCH,
@@ -83,7 +86,7 @@ def parse_args():
     return args
 
 
-def load_framework(name, bucket_mb=None, shard_optimizer_state=False):
+def load_framework(name, bucket_mb=None, shard_optimizer_state=False, sharding=None):
     """(keras, tensorflow, strategy or None, rank, processes, tfdist module or None)."""
     if name in TF_KERAS:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
@@ -108,6 +111,8 @@ def load_framework(name, bucket_mb=None, shard_optimizer_state=False):
     buckets = {} if bucket_mb is None else {"fusion_threshold_bytes": int(bucket_mb * 2**20)}
     if shard_optimizer_state:
         buckets["shard_optimizer_state"] = True
+    if sharding is not None:
+        buckets["sharding"] = sharding
     strategy = {"ring": lambda: tfdist.strategies.RingAllReduceStrategy(
                     backend="collective", **buckets),
                 "horovod": lambda: tfdist.strategies.RingAllReduceStrategy(
@@ -299,7 +304,9 @@ def time_model(keras, tfdist, strategy, processes, model_name, epochs, optimizer
             "wall_ms_per_step": 1e3 * statistics.median(timer.epochs) / -(-samples // global_batch),
             "epoch_seconds": timer.epochs, "optimizer": optimizer,
             "optimizer_bytes": optimizer_bytes(model.optimizer), "peak_rss_mb": peak_rss_mb(),
-            "training_rss_mb": rss_mb() - rss_before_model}
+            "training_rss_mb": rss_mb() - rss_before_model,
+            # the peak over what the process held before the model existed (TensorFlow's own)
+            "peak_training_rss_mb": peak_rss_mb() - rss_before_model}
 
 
 def exact_model(keras, strategy, processes, rank, name, model_name, directory):
@@ -329,7 +336,7 @@ def exact_model(keras, strategy, processes, rank, name, model_name, directory):
 def main():
     args = parse_args()
     keras, tf, strategy, rank, processes, tfdist = load_framework(
-        args.strategy, args.bucket_mb, args.shard_optimizer_state)
+        args.strategy, args.bucket_mb, args.shard_optimizer_state, args.sharding)
     result = {"strategy": args.strategy, "processes": processes,
               "framework": "tf_keras" if args.strategy in TF_KERAS else "keras3",
               "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},

@@ -52,7 +52,19 @@ PRIVATE_ATTRIBUTES: Dict[str, PrivateUse] = {
         "tf.data.Dataset", "read", "the generator pipeline under Keras' prefetch (ranks must "
         "take exactly the batches asked for)"),
     "_compile_loss": PrivateUse("Trainer", "read", "the compiled loss' trackers (metrics)"),
-    "_value": PrivateUse("keras.metrics.Mean", "read", "its accumulated value (share-weighting)"),
+    "_value": PrivateUse("keras.metrics.Mean, keras.Variable", "read",
+                         "its accumulated value (share-weighting); a Keras variable's "
+                         "TensorFlow variable (sharding='parameters': the stored range)"),
+    "_dense_var_to_tensor": PrivateUse(
+        "tf.Variable (ResourceVariable)", "read, override",
+        "the conversion of a variable to a tensor; a sharded parameter's storage class "
+        "(modes/parameter_shards) converts to the gathered whole value"),
+    "_serialize_to_tensors": PrivateUse(
+        "tf.Variable (Trackable)", "read, override",
+        "a checkpoint entry: a sharded parameter's or slot's storage writes its whole value"),
+    "_restore_from_tensors": PrivateUse(
+        "tf.Variable (Trackable)", "read, override",
+        "a checkpoint restore: a sharded parameter's or slot's storage keeps its range"),
     # --- Keras: optimizers
     "_trainable_variables": PrivateUse(
         "BaseOptimizer", "read", "the variables `apply` updates when none are given"),
