@@ -111,6 +111,23 @@ def test_parameter_sharded_training_equals_the_plain_script(name, tmp_path):
                                           tmp_path / "parameters" / file)
 
 
+def test_recomputed_layers_replay_their_state():
+    """With the parameters sharded, a layer that owns parameters is recomputed in the
+    backward pass: a GRU with dropout (its masks drawn inside the recomputed call), a
+    Dropout layer and BatchNormalization's moving statistics give what the unsharded
+    strategy gives at 3 ranks (the same masks, the statistics updated once)."""
+    def run(kind):
+        return simulate_processes(3, lambda rank: sharded_optimizer.stateful_layers_gru(
+            sharded_optimizer.make_strategy(kind)))
+
+    reference = run("ring")[0]
+    for arrays in run("parameters"):
+        for key, value in reference.items():
+            if key != "optimizer_bytes":
+                np.testing.assert_allclose(arrays[key], value, rtol=RTOL, atol=ATOL,
+                                           err_msg=key)
+
+
 def test_parameters_are_stored_as_one_rank_slice_and_read_whole():
     """Each rank's TensorFlow variables of a parameter-sharded model hold ceil(N / P)
     elements of each parameter at most; reading one (get_weights, every rank) gives it

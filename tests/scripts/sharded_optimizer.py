@@ -162,6 +162,33 @@ def case_eager_masked_sequence(strategy):
                    optimizer_bytes=optimizer_bytes(model))
 
 
+def stateful_layers_gru(strategy):
+    """State a layer changes as it runs: BatchNormalization's moving statistics, a Dropout
+    layer and a GRU with dropout (its masks drawn inside a layer that owns parameters, which
+    sharding="parameters" recomputes in the backward pass: the same masks, the statistics
+    updated once), seeded; Adam. Not a `case_`: data-parallel dropout draws each rank's
+    masks for its slice, so it is compared with the unsharded strategy at the same size."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(ROWS, 6, 4)).astype("float32")
+    y = (x[:, 0, 0] > 0).astype("int32")
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((6, 4))
+        hidden = keras.layers.GRU(8, dropout=0.3, seed=1)(inputs)
+        hidden = keras.layers.Dense(12, use_bias=False)(hidden)  # BatchNorm's beta is the bias
+        hidden = keras.layers.BatchNormalization()(hidden)
+        hidden = keras.layers.Dropout(0.25, seed=2)(hidden)
+        model = keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    evaluation = model.evaluate(x, y, batch_size=BATCH, return_dict=True, verbose=0)
+    predictions = model.predict(x[:37], batch_size=16, verbose=0)
+    return results(model, history, evaluation, predictions,
+                   optimizer_bytes=optimizer_bytes(model))
+
+
 def case_sparse_input_nadam(strategy):
     """A tf.SparseTensor input (bag-of-words rows, most entries zero) into Dense, Nadam."""
     x, y = data()
@@ -278,7 +305,7 @@ def make_strategy(kind, backend="auto", bucket_bytes=None):
 
     buckets = {} if bucket_bytes is None else {"fusion_threshold_bytes": bucket_bytes,
                                                "first_bucket_bytes": bucket_bytes}
-    sharding = {"sharded": "optimizer", "gradients": "gradients",
+    sharding = {"sharded": "optimizer", "gradients": "gradients", "ring": None,
                 "parameters": "parameters"}.get(kind)
     return tfdist.strategies.RingAllReduceStrategy(backend=backend, sharding=sharding, **buckets)
 

@@ -104,6 +104,13 @@ POINTS = (
                "in a custom loop a model called on an empty slice must run on a stand-in row; "
                "replaced at the first custom-loop step of a tfdist strategy, never by fit",
                on_demand=True),
+    # sharded_layer_calls
+    PatchPoint("keras.layers.Layer", ("__call__",), "sharded_layer_calls",
+               "with sharding='parameters' a layer owning sharded parameters must recompute "
+               "its call in the backward pass (its gathered parameters would otherwise live "
+               "until then: TensorFlow's tape keeps an op's inputs); Keras has no hook around "
+               "a layer's call; replaced when the first sharded parameter is created",
+               on_demand=True),
     # compile_arguments
     PatchPoint("BaseTrainer", ("compile",), "compile_arguments",
                "Horovod's scripts pass compile(experimental_run_tf_function=False), a Keras 2 "

@@ -58,6 +58,14 @@ class ReplicaStep(RowAccounting):
         self._global_gradients = {}  # id -> a gradient tensor a tape made global
         self._stand_in = []  # bool tensors: the data being computed on is a stand-in row
         self._ratio_factors = {}  # id(scalar) -> (scalar, factor or None): `ratio_factor`
+        # The graph the step is traced in (None: eager): code run in it, not in a loop's body
+        # or a branch's graph (`in_step_body`).
+        self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+    def in_step_body(self):
+        """True if the code running now is the step's own body (eager, or traced in the step's
+        graph), not inside a `tf.while_loop` body or a `tf.cond` branch."""
+        return tf.executing_eagerly() or tf.compat.v1.get_default_graph() is self._graph
 
     @property
     def scaled_by_user(self):

@@ -1,0 +1,57 @@
+"""Layers that own sharded parameters: their training calls recomputed in the backward pass.
+
+With `sharding="parameters"`, a layer call inside a training step (a tfdist
+step while a gradient tape records) by a layer that itself owns sharded
+parameters runs through `parameter_recompute.call_recomputed`, so its
+gathered parameters do not live until its backward pass. Other calls
+(evaluation, prediction, layers without parameters of their own, one
+process) are Keras' own.
+
+Installed when the first sharded parameter is created (on demand, like
+`empty_slices`): a process that never shards parameters keeps Keras'
+`Layer.__call__`. Cost once installed: a look at the layer's own
+trainable variables per layer call.
+"""
+
+import threading
+
+import keras
+
+from tfdist import _tf
+from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.modes import parameter_recompute, parameter_shards
+from tfdist.strategies.step import replica_step
+
+_install_lock = threading.Lock()
+_installed = []
+
+
+def install():
+    """Route training calls of layers owning sharded parameters (once per process)."""
+    with _install_lock:
+        if not _installed:
+            _install()
+            _installed.append(True)
+
+
+def _owns_sharded_parameters(layer) -> bool:
+    """The layer's own trainable variables include sharded parameters; a recurrent layer's
+    cell counts as its own (the cell runs inside the recurrence's loop, where a recomputed
+    call cannot be traced: the whole recurrence is recomputed instead)."""
+    own = list(getattr(layer, "_trainable_variables", ()))
+    if isinstance(layer, keras.layers.RNN):
+        own += list(getattr(layer.cell, "trainable_variables", ()))
+    return any(parameter_shards.shard_of(v) is not None for v in own)
+
+
+def _install():
+    layer_call = keras.layers.Layer.__call__
+
+    def call_resharding(self, *args, **kwargs):
+        step = replica_step.current()
+        if (step is None or not _tf.a_tape_records() or not step.in_step_body()
+                or not _owns_sharded_parameters(self)):
+            return layer_call(self, *args, **kwargs)
+        return parameter_recompute.call_recomputed(self, layer_call, args, kwargs)
+
+    patch_points.replace("keras.layers.Layer", "__call__", call_resharding)
