@@ -32,7 +32,7 @@ from benchmarks import (anatomy_report, anchor_report, async_report, default_ste
                         elastic_resize,
                         emulated_cluster, engine_curves, engine_step, horovod_api,
                         keras_patterns_report, large_batch, optimizer_sharding, overlap_report,
-                        parameter_sharding,
+                        parameter_sharding, billion_parameters,
                         peer_report, profiling_report, revision_step)
 from benchmarks.harness import HERE, launch, launch_rows, write_result
 from benchmarks.plotting import plot_bus_bandwidth
@@ -244,10 +244,11 @@ PARTS = {"allreduce": run_allreduce, "backends": run_backends, "fit": run_fit,
          "engines": engine_curves.run, "engine_step": engine_step.run, "peer": peer_report.run,
          "horovod_api": horovod_api.run, "elastic": elastic_resize.run,
          "sharding": optimizer_sharding.run, "parameter_sharding": parameter_sharding.run,
+         "billion": billion_parameters.run,
          "revision": revision_step.run}
-# Need root and network namespaces, and take long; or compare with a fixed old revision: only
-# when named.
-NOT_BY_DEFAULT = ("emulated", "revision")
+# Need root and network namespaces, and take long; or compare with a fixed old revision; or
+# about 20 GB of free memory (the billion-parameter model): only when named.
+NOT_BY_DEFAULT = ("emulated", "revision", "billion")
 
 
 def main(argv=None):

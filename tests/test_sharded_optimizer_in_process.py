@@ -175,16 +175,18 @@ def tf_default_strategy():
     return tf.distribute.get_strategy()
 
 
-def test_a_sharded_backup_resumes_at_another_size_re_sharded(tmp_path):
+@pytest.mark.parametrize("kind", ["sharded", "parameters"])
+def test_a_sharded_backup_resumes_at_another_size_re_sharded(kind, tmp_path):
     """Adam + CosineDecay stopped at step 23 on 3 ranks (the backup, on the chief only, holds
-    the whole state of step 20); 2 ranks resume it, each taking its new slices."""
+    the whole state of step 20); 2 ranks resume it, each taking its new slices - of the
+    optimizer state, and with sharding="parameters" of the parameters too."""
     reference = resume_mid_epoch.train(str(tmp_path / "plain"), str(tmp_path / "plain-backup"),
                                        "plain", "numpy")
     backup = str(tmp_path / "backup")
 
     def run(world, **options):
         return simulate_processes(world, lambda rank: resume_mid_epoch.train(
-            str(tmp_path / f"run{world}"), backup, "sharded", "numpy", backup_per_rank=True,
+            str(tmp_path / f"run{world}"), backup, kind, "numpy", backup_per_rank=True,
             **options))
 
     assert run(3, stop_at_step=23) == [None] * 3

@@ -42,6 +42,7 @@ STRATEGIES = {
     "plain": lambda: None,
     "ring": tfdist.strategies.RingAllReduceStrategy,
     "sharded": lambda: tfdist.strategies.RingAllReduceStrategy(shard_optimizer_state=True),
+    "parameters": lambda: tfdist.strategies.RingAllReduceStrategy(sharding="parameters"),
     "tree": lambda: tfdist.strategies.ReductionTreeStrategy(fanout=2),
     "ps": tfdist.strategies.ParameterServerStrategy,
     "async": lambda: tfdist.strategies.ParameterServerStrategy(mode="async"),
