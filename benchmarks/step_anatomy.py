@@ -32,7 +32,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
-from tfdist.strategies.keras_patches import model_strategy  # noqa: E402
+from tfdist.strategies.keras_surface import model_strategy  # noqa: E402
 from tfdist.profiling.report import CommunicationReport  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))

@@ -231,7 +231,7 @@ def test_a_model_built_outside_the_scope_is_refused_at_fit_not_trained_alone():
     assert len(history.history["loss"]) == 1
 
     def horovod_rank_fn(rank):  # what hvd.init() notes: the fix is to call it first
-        from tfdist.strategies.keras_patches import model_strategy  # pylint: disable=C0415
+        from tfdist.strategies.keras_surface import model_strategy  # pylint: disable=C0415
 
         model = _tiny_model()
         strategy = tfdist.strategies.RingAllReduceStrategy(per_rank_input=True)
@@ -247,7 +247,7 @@ def test_a_model_built_outside_the_scope_is_refused_at_fit_not_trained_alone():
     def horovod_keras_2_compile(rank):  # Horovod's usual compile says the same, not a TypeError
         import keras  # pylint: disable=import-outside-toplevel
 
-        from tfdist.strategies.keras_patches import model_strategy  # pylint: disable=C0415
+        from tfdist.strategies.keras_surface import model_strategy  # pylint: disable=C0415
 
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         strategy = tfdist.strategies.RingAllReduceStrategy(per_rank_input=True)

@@ -21,8 +21,16 @@ LAYERS = [
     ("tfdist.aggregation", "tfdist.compression", "tfdist.profiling.counters"),
     ("tfdist.fault_tolerance",),  # its collectives and the job's state injected (BackupJob)
     ("tfdist.runtime", "tfdist.simulation"),
-    ("tfdist.strategies", "tfdist.optimizers", "tfdist.profiling.report",
+    # tfdist.strategies, bottom to top: what reads Keras and the input's datasets; the step
+    # and the state; the modes; the core; the Keras adapter (what patches Keras) on top of
+    # them; the public strategies. An import upward between them fails here.
+    ("tfdist.strategies.keras_surface", "tfdist.strategies.inputs"),
+    ("tfdist.strategies.step", "tfdist.strategies.state"),
+    ("tfdist.strategies.modes",),
+    ("tfdist.strategies.core",),
+    ("tfdist.strategies.keras_patches", "tfdist.profiling.report",
      "tfdist.profiling.rank_profiler"),
+    ("tfdist.strategies", "tfdist.optimizers"),
     ("tfdist.callbacks",),
     ("tfdist.horovod",),
     ("tfdist.launch", "tfdist.server", "tfdist.profiling.timeline"),
@@ -157,7 +165,7 @@ print("ok")
 def test_a_changed_keras_internal_is_a_loud_error(monkeypatch):
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
-    from tfdist.strategies.keras_patches import compat
+    from tfdist.strategies.keras_surface import compat
 
     assert compat._keras_changes() == []  # pylint: disable=protected-access
 
@@ -291,7 +299,7 @@ def test_fault_tolerance_imports_nothing_above_it():
     assert not above, above
 
 
-# --- the Keras surface (keras_patches/patch_points.py) ------------------------------------
+# --- the Keras surface (keras_surface/patch_points.py) ------------------------------------
 _LIBRARY_MODULES = ("keras", "tf", "tensorflow", "keras_internals", "checkpoint_module")
 
 
@@ -328,9 +336,9 @@ def test_keras_and_tensorflow_are_patched_only_at_the_declared_points():
     declared class-level Keras points, and the TensorFlow points replaced are declared."""
     from tfdist import _tf, private_surface
     from tfdist.strategies import keras_patches
-    from tfdist.strategies.keras_patches import patch_points
+    from tfdist.strategies.keras_surface import patch_points
 
-    allowed = {PACKAGE / "strategies" / "keras_patches" / "patch_points.py", PACKAGE / "_tf.py"}
+    allowed = {PACKAGE / "strategies" / "keras_surface" / "patch_points.py", PACKAGE / "_tf.py"}
     stray = [where for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
              for where in _class_or_module_assignments(path)]
     assert not stray, f"Keras or TensorFlow attributes set outside the declared points: {stray}"
@@ -417,7 +425,8 @@ def test_overrides_are_declared_and_keep_keras_signatures():
     BackupAndRestore override only declared Keras methods, with Keras' parameters."""
     import inspect  # pylint: disable=import-outside-toplevel
 
-    from tfdist.strategies.keras_patches import backup, callback_list, patch_points
+    from tfdist.strategies.keras_patches import backup, callback_list
+    from tfdist.strategies.keras_surface import patch_points
 
     for owner, overrides in (("CallbackList", callback_list.MultiProcessHooks),
                              ("BackupAndRestore", backup.DistributedBackup)):
@@ -434,7 +443,8 @@ def test_overrides_are_declared_and_keep_keras_signatures():
 def test_a_keras_object_adopted_keeps_its_class_name_and_is_adopted_once():
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tfdist.strategies.keras_patches import backup, patch_points
+    from tfdist.strategies.keras_patches import backup
+    from tfdist.strategies.keras_surface import patch_points
 
     class UsersBackup(keras.callbacks.BackupAndRestore):
         pass
@@ -451,7 +461,7 @@ def test_a_keras_object_adopted_keeps_its_class_name_and_is_adopted_once():
 
 
 def test_only_keras_internals_imports_private_keras_modules():
-    """A renamed Keras internal is absorbed in one module (keras_patches/keras_internals.py)."""
+    """A renamed Keras internal is absorbed in one module (keras_surface/keras_internals.py)."""
     importers = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "keras_internals.py":
@@ -469,7 +479,7 @@ def test_a_keras_internal_under_another_name_is_found_and_a_missing_one_named(mo
     Keras has under no spelling is check_keras's ImportError, not an AttributeError."""
     import types
 
-    from tfdist.strategies.keras_patches import compat, keras_internals
+    from tfdist.strategies.keras_surface import compat, keras_internals
 
     old = types.SimpleNamespace(TensorFlowTrainer="the 3.15 class")
     new = types.SimpleNamespace(Trainer="the 3.16 class", TensorFlowTrainer="an alias")

@@ -144,7 +144,7 @@ def test_parameter_server_mode_and_staleness_are_validated(kwargs, message):
 def test_async_rejects_what_spans_servers():
     import keras
 
-    from tfdist.strategies.keras_patches.steps import check_asynchronous_optimizer
+    from tfdist.strategies.keras_surface.steps import check_asynchronous_optimizer
 
     with pytest.raises(ValueError, match="global_clipnorm spans the variables"):
         check_asynchronous_optimizer(keras.optimizers.SGD(0.1, global_clipnorm=1.0))

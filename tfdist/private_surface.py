@@ -1,7 +1,7 @@
 """Every private attribute of TensorFlow, Keras, Horovod or Python tfdist reads or writes, and why.
 
 The Keras attributes tfdist *replaces* are declared in
-`strategies/keras_patches/patch_points.py` (`POINTS`, `OVERRIDES`) and the
+`strategies/keras_surface/patch_points.py` (`POINTS`, `OVERRIDES`) and the
 TensorFlow attributes it replaces in `TF_REPLACEMENTS` below (applied
 through `tfdist._tf.replace`). What remains is reading or setting a private
 attribute of an object tfdist does not define - `obj._name` or

@@ -19,7 +19,7 @@ from tfdist.callbacks.learning_rate_schedule import LearningRateSchedule
 from tfdist.callbacks.learning_rate_warmup import LearningRateWarmup
 from tfdist.callbacks.staleness_aware_learning_rate import StalenessAwareLearningRate
 from tfdist.callbacks.staleness_monitor import StalenessMonitor
-from tfdist.strategies.keras_patches.model_strategy import agrees_across_ranks
+from tfdist.strategies.keras_surface.model_strategy import agrees_across_ranks
 
 __all__ = ["LearningRateScaling", "LearningRateWarmup", "LearningRateSchedule",
            "StalenessMonitor", "StalenessAwareLearningRate", "CommunicationMonitor",

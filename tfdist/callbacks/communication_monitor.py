@@ -5,7 +5,7 @@ from typing import Union
 import keras
 
 from tfdist.profiling.report import CommunicationReport
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 
 
 @model_strategy.agrees_across_ranks

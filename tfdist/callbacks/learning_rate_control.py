@@ -33,7 +33,8 @@ import weakref
 import keras
 import numpy as np
 
-from tfdist.strategies.keras_patches import data as keras_data, model_strategy
+from tfdist.strategies.keras_patches import data as keras_data
+from tfdist.strategies.keras_surface import model_strategy
 
 # Without LearningRateScaling, warmup starts from target x 1/3 (PyTorch's LinearLR default).
 DEFAULT_WARMUP_START_FACTOR = 1.0 / 3.0

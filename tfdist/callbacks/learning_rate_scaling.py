@@ -4,7 +4,7 @@ import math
 from typing import Optional
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 
 RULES = {"linear": lambda k: k, "sqrt": math.sqrt}
 

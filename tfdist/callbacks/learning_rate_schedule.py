@@ -5,7 +5,7 @@ import numbers
 from typing import Callable, Optional, Union
 
 from tfdist.callbacks.learning_rate_control import LearningRateTerm, check_positive
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 
 
 @model_strategy.agrees_across_ranks

@@ -2,7 +2,7 @@
 
 import keras
 
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 
 
 @model_strategy.agrees_across_ranks

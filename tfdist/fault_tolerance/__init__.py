@@ -20,7 +20,7 @@
 
 This package sits below the strategies and imports nothing from them (nor
 from the runtime, callbacks or launcher): the strategy's layer reaches it
-through `BackupJob` (`tfdist.strategies.keras_patches.backup_job`), and the
+through `BackupJob` (`tfdist.strategies.core.backup_job`), and the
 Keras side (which Keras methods call these, resume at the next batch) is
 `tfdist.strategies.keras_patches.backup`. The package imports nothing
 itself: import the module you need.

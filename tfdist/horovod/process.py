@@ -32,7 +32,7 @@ import threading
 import tensorflow as tf
 
 from tfdist import runtime
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 from tfdist.env_vars import Foreign
 from tfdist.process_setup import gpu_placement
 

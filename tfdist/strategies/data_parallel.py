@@ -39,7 +39,7 @@ from tfdist.process_setup import joined_strategy
 from tfdist.strategies import keras_patches, modes
 from tfdist.strategies.core import job_summary
 from tfdist.strategies.core.extended import DataParallelExtended
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 from tfdist.strategies.state import chief_saves, save_records
 from tfdist.strategies.step import average_loss
 
@@ -88,7 +88,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
     ```
     """
 
-    is_tfdist_data_parallel = True  # how `keras_patches.model_strategy` tells it (no import)
+    is_tfdist_data_parallel = True  # how `keras_surface.model_strategy` tells it (no import)
 
     def __init__(self, make_aggregator, engine="collective", engine_options=None,
                  compression=None, per_rank_input=False, engine_reason=None, *,

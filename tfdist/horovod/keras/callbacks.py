@@ -38,7 +38,7 @@ import tensorflow as tf
 from tfdist.callbacks.learning_rate_control import velocity_buffers
 from tfdist.horovod import collectives, process
 from tfdist.strategies.state import rank_state, replica_consistency
-from tfdist.strategies.keras_patches import model_strategy
+from tfdist.strategies.keras_surface import model_strategy
 
 
 @model_strategy.agrees_across_ranks

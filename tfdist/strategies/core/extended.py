@@ -33,7 +33,7 @@ from tfdist.strategies.state import rank_state
 from tfdist.strategies.step import replica_step
 from tfdist.strategies.state import save_records
 from tfdist.strategies.step import step_plan
-from tfdist.strategies.keras_patches import keras_internals, steps as keras_steps
+from tfdist.strategies.keras_surface import keras_internals, steps as keras_steps
 from tfdist.strategies.step.cross_replica_sum import StepReplicaContext, sum_exactly
 from tfdist.strategies.step.global_gradients import GlobalGradients
 from tfdist.strategies.inputs.local_input import LocalSliceDataset

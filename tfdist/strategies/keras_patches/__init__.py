@@ -6,14 +6,6 @@ metric is updated or where the fit loop reads `stop_training`; it has no
 notion of a chief process either. This package patches exactly those places,
 each family in its own module:
 
-* `compat`: `check_keras()`, which refuses a Keras outside the supported range
-  (`tfdist.versions`) and verifies at import everything the patches and the
-  callbacks layer rely on;
-* `keras_internals`: the private Keras names, resolved under each supported
-  version's spelling (the only module that imports `keras.src`);
-* `patch_points`: every attribute the families replace, declared with why
-  Keras has no hook there, and every Keras method they override in a
-  subclass (`OVERRIDES`); they replace and subclass only through it;
 * `losses`: losses stay means over the rank's slice, each term over its own
   global denominator;
 * `gradient_tape`: in a custom step, `GradientTape.gradient` with respect to
@@ -40,18 +32,22 @@ each family in its own module:
   them (Keras 2's `experimental_run_tf_function` accepted in a Horovod-API
   model's `compile`);
 * `gradient_options` (one optimizer, on request of `tfdist.horovod.keras`):
-  a factor on its gradients and sparse gradients made dense.
+  a factor on its gradients and sparse gradients made dense;
+* `sharded_layer_calls`: with the parameters sharded, a layer owning some
+  recomputes its training call in the backward pass (installed when the
+  first parameter is sharded).
 
-Besides those, five modules patch nothing: `fit_session` (the one owner
-of a running fit's state: `LoopCall`), `loop_flags` (the agreement, called
-by the callback list), `steps` (which Keras step a function is, and its
-logs), `model_strategy` (what a model's strategy is: the API the callbacks
-layer uses) and `backup_job` (what a backup needs of the strategy, given to
-`tfdist.fault_tolerance.backup_state`). The sharded optimizer-state mode's
-per-optimizer methods (`tfdist.strategies.modes.sharded_optimizer_methods`)
-replace attributes of one optimizer through `patch_points` too. Nothing else
-in tfdist imports `keras.src`; every private Keras attribute read or written
-anywhere in tfdist is declared in `tfdist.private_surface`.
+Besides those, two modules patch nothing: `loop_flags` (the agreement, called
+by the callback list) and `callback_list`'s base (`MultiProcessHooks`). What
+reads Keras without changing it is below, in `tfdist.strategies.keras_surface`
+(the private names, the declared patch points, the Keras check, which step a
+function is, a model's strategy, a running fit's state); the backup's view of
+the strategy is `tfdist.strategies.core.backup_job`. The layers below reach
+this package only through hooks it registers (`install`): the step's
+first-user-function hook (`empty_slices`) and the first sharded parameter's
+(`sharded_layer_calls`). Nothing else in tfdist imports `keras.src`; every
+private Keras attribute read or written anywhere in tfdist is declared in
+`tfdist.private_surface`.
 
 The patches apply only to models built under a tfdist strategy; everything
 else is untouched. `install()` is called when the first tfdist strategy is
@@ -62,9 +58,12 @@ nothing. Both are idempotent.
 
 import threading
 
-from tfdist.strategies.keras_patches import compat  # noqa: F401  (checks this Keras at import)
+from tfdist.strategies.keras_surface import compat  # noqa: F401  (checks this Keras at import)
 from tfdist.strategies.keras_patches import (backup, callbacks, compile_arguments, data,
-                                             gradient_tape, losses, metrics, optimizer, saving)
+                                             empty_slices, gradient_tape, losses, metrics,
+                                             optimizer, saving, sharded_layer_calls)
+from tfdist.strategies.modes import parameter_shards
+from tfdist.strategies.step import synchronous_step
 
 _installed = False
 _install_lock = threading.Lock()  # simulated ranks (threads) create their strategies at once
@@ -81,4 +80,7 @@ def install():
         for family in (losses, gradient_tape, data, optimizer, metrics, callbacks, backup,
                        saving, compile_arguments):
             family.install()
+        # The families installed on demand, when the layers below first need them.
+        synchronous_step.FIRST_USER_FUNCTION_HOOKS.append(empty_slices.install)
+        parameter_shards.ON_FIRST_SHARD.append(sharded_layer_calls.install)
         _installed = True

@@ -41,12 +41,12 @@ from absl import logging
 from tfdist import errors
 from tfdist.fault_tolerance.backup_state import BackupState
 from tfdist.strategies.state import rank_state
-from tfdist.strategies.keras_patches.backup_job import StrategyBackupJob
-from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
+from tfdist.strategies.core.backup_job import StrategyBackupJob
+from tfdist.strategies.keras_surface.model_strategy import tfdist_strategy
 from tfdist.fault_tolerance.preemption import PREEMPTED_EXIT_CODE
-from tfdist.strategies.keras_patches.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
+from tfdist.strategies.keras_surface.keras_internals import (GeneratorDataAdapter, PyDatasetAdapter,
                                                               TFEpochIterator)
-from tfdist.strategies.keras_patches import fit_session, patch_points
+from tfdist.strategies.keras_surface import fit_session, patch_points
 
 # Inputs made in Python: an epoch's order may come from Python's state as its batches are read
 # (Keras shuffles a PyDataset's batches with `random` when its generator starts), so a replay

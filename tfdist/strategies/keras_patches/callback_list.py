@@ -25,7 +25,8 @@ replaced. Cost: one Python call per hook and batch, plus what the hooks do
 (`loop_flags`, `backup` say).
 """
 
-from tfdist.strategies.keras_patches import backup, loop_flags, patch_points
+from tfdist.strategies.keras_patches import backup, loop_flags
+from tfdist.strategies.keras_surface import patch_points
 
 
 class MultiProcessHooks:

@@ -31,9 +31,9 @@ from tfdist import chief_log
 from tfdist.profiling import rank_profiler, report
 from tfdist.strategies.state import rank_state
 from tfdist.strategies.keras_patches import backup, callback_list
-from tfdist.strategies.keras_patches.model_strategy import (agrees_across_ranks,
+from tfdist.strategies.keras_surface.model_strategy import (agrees_across_ranks,
                                                             is_non_chief_model, tfdist_strategy)
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface import patch_points
 
 
 agrees_across_ranks(report.TensorBoardScalars)

@@ -18,11 +18,11 @@ Cost: none after `compile`.
 
 import functools
 
-from tfdist.strategies.keras_patches import patch_points
-from tfdist.strategies.keras_patches.model_strategy import (refuse_training_outside_scope,
+from tfdist.strategies.keras_surface import patch_points
+from tfdist.strategies.keras_surface.model_strategy import (refuse_training_outside_scope,
                                                             tfdist_strategy)
 
-KERAS_2_ARGUMENT = "experimental_run_tf_function"
+from tfdist.strategies.keras_surface.compat import KERAS_2_ARGUMENT  # noqa: E402
 
 
 def install():

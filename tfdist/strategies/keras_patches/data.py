@@ -19,17 +19,18 @@ from absl import logging
 from tfdist import chief_log, errors
 from tfdist.fault_tolerance.restarts import PREEMPTED_EXIT_CODE
 from tfdist.strategies.inputs import call_arguments
-from tfdist.strategies.keras_patches import backup, fit_session
+from tfdist.strategies.keras_patches import backup
+from tfdist.strategies.keras_surface import fit_session
 from tfdist.strategies.inputs.data_fingerprint import array_fingerprint
-from tfdist.strategies.keras_patches import keras_internals
-from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, GeneratorDataAdapter,
+from tfdist.strategies.keras_surface import keras_internals
+from tfdist.strategies.keras_surface.keras_internals import (ArrayDataAdapter, GeneratorDataAdapter,
                                                               TFEpochIterator)
-from tfdist.strategies.keras_patches.model_strategy import (any_multi_process_strategy,
+from tfdist.strategies.keras_surface.model_strategy import (any_multi_process_strategy,
                                                              latest_data_batch_size,
                                                              is_tfdist_strategy,
                                                              refuse_training_outside_scope,
                                                              tfdist_strategy)
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface import patch_points
 
 
 def _install_build_without_peeking():

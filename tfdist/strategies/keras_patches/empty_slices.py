@@ -18,8 +18,8 @@ import threading
 import keras
 
 from tfdist.strategies.step import empty_slice, replica_step
-from tfdist.strategies.keras_patches.keras_internals import get_keras_mask, set_keras_mask
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface.keras_internals import get_keras_mask, set_keras_mask
+from tfdist.strategies.keras_surface import patch_points
 
 _local = threading.local()
 _install_lock = threading.Lock()  # simulated ranks (threads) trace their first steps at once

@@ -22,7 +22,7 @@ gradient of the embedding's full shape when `sparse_as_dense`.
 import tensorflow as tf
 
 from tfdist.strategies.step import replica_step
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface import patch_points
 
 
 def _adjusted(gradient, factor, dense):

@@ -39,8 +39,8 @@ import keras
 import tensorflow as tf
 
 from tfdist import _tf
-from tfdist.strategies.keras_patches import patch_points
-from tfdist.strategies.keras_patches.model_strategy import (in_multi_process_strategy,
+from tfdist.strategies.keras_surface import patch_points
+from tfdist.strategies.keras_surface.model_strategy import (in_multi_process_strategy,
                                                             is_tfdist_strategy)
 from tfdist.strategies.step import replica_step
 

@@ -34,7 +34,7 @@ such a callback exists.
 """
 
 
-from tfdist.strategies.keras_patches.model_strategy import agrees, tfdist_strategy
+from tfdist.strategies.keras_surface.model_strategy import agrees, tfdist_strategy
 
 EDGES, BATCHES = 0, 1  # where an agreement may be scheduled: the loop's and epochs' edges, batches
 

@@ -16,9 +16,9 @@ import keras
 import tensorflow as tf
 
 from tfdist.strategies.step import replica_step
-from tfdist.strategies.keras_patches.model_strategy import in_multi_process_strategy
-from tfdist.strategies.keras_patches import keras_internals
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface.model_strategy import in_multi_process_strategy
+from tfdist.strategies.keras_surface import keras_internals
+from tfdist.strategies.keras_surface import patch_points
 
 
 def _install_loss_scaling():

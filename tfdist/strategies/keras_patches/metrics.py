@@ -22,8 +22,8 @@ import keras
 import tensorflow as tf
 
 from tfdist.strategies.step import replica_step
-from tfdist.strategies.keras_patches import keras_internals
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface import keras_internals
+from tfdist.strategies.keras_surface import patch_points
 
 _first_rows = weakref.WeakKeyDictionary()  # a model's compiled step function -> tf.Variable
 

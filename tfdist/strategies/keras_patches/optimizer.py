@@ -7,12 +7,12 @@ import weakref
 import tensorflow as tf
 
 from tfdist.strategies.step import replica_step
-from tfdist.strategies.keras_patches.steps import scales_loss
+from tfdist.strategies.keras_surface.steps import scales_loss
 from tfdist.strategies.step.step_plan import DEFERRED, REMOTE
-from tfdist.strategies.keras_patches import keras_internals
-from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, TFOptimizer
-from tfdist.strategies.keras_patches import patch_points
-from tfdist.strategies.keras_patches.model_strategy import is_tfdist_strategy
+from tfdist.strategies.keras_surface import keras_internals
+from tfdist.strategies.keras_surface.keras_internals import BaseOptimizer, TFOptimizer
+from tfdist.strategies.keras_surface import patch_points
+from tfdist.strategies.keras_surface.model_strategy import is_tfdist_strategy
 
 
 def _build_as_apply_does(optimizer, variables):

@@ -33,8 +33,8 @@ from absl import logging
 
 from tfdist.strategies.state import rank_state, save_records
 from tfdist.fault_tolerance.checkpoint_files import save_model_atomically, writer_tag
-from tfdist.strategies.keras_patches.model_strategy import is_non_chief_model, tfdist_strategy
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface.model_strategy import is_non_chief_model, tfdist_strategy
+from tfdist.strategies.keras_surface import patch_points
 
 
 def _filepath(args, kwargs):

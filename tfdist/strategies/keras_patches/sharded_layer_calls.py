@@ -18,7 +18,7 @@ import threading
 import keras
 
 from tfdist import _tf
-from tfdist.strategies.keras_patches import patch_points
+from tfdist.strategies.keras_surface import patch_points
 from tfdist.strategies.modes import parameter_recompute, parameter_shards
 from tfdist.strategies.step import replica_step
 

@@ -37,8 +37,8 @@ from tfdist.aggregation.parameter_server.async_client import (AsyncParameterServ
                                                               bytes_by_server, variable_bytes)
 from tfdist.profiling.names import communication_scope
 from tfdist.strategies.step import empty_slice, replica_step, step_plan
-from tfdist.strategies.keras_patches import steps as keras_steps
-from tfdist.strategies.keras_patches.model_strategy import agrees_across_ranks
+from tfdist.strategies.keras_surface import steps as keras_steps
+from tfdist.strategies.keras_surface.model_strategy import agrees_across_ranks
 from tfdist.strategies.inputs.local_input import LocalSliceDataset
 from tfdist.strategies.inputs.batch_slicing import batch_rows
 

@@ -32,7 +32,7 @@ inputs kept instead of its parameters and internal activations.
 import keras
 import tensorflow as tf
 
-from tfdist.strategies.keras_patches.keras_internals import get_keras_mask, set_keras_mask
+from tfdist.strategies.keras_surface.keras_internals import get_keras_mask, set_keras_mask
 from tfdist.strategies.modes import parameter_shards
 
 

@@ -195,8 +195,15 @@ def storage_of(variable):
     return value if isinstance(value, tf.Variable) else variable
 
 
+# Called when a parameter is first sharded: what the Keras adapter above registers
+# (`keras_patches.sharded_layer_calls.install`: layers owning one recompute their calls).
+ON_FIRST_SHARD = []
+
+
 def make_sharded(storage, shard: ParameterShard):
     """Give the storage variable (created with this rank's range) a sharded parameter's reads."""
+    for hook in ON_FIRST_SHARD:
+        hook()
     storage.__class__ = _storage_class(type(storage))
     _STORAGE[id(storage)] = (weakref.ref(storage), shard)
     return storage

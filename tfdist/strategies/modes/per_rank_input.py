@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from tfdist import chief_log
 from tfdist.strategies.state import replica_consistency, variable_broadcast
-from tfdist.strategies.keras_patches.compile_arguments import KERAS_2_ARGUMENT
-from tfdist.strategies.keras_patches.model_strategy import agrees_across_ranks
+from tfdist.strategies.keras_surface.compat import KERAS_2_ARGUMENT
+from tfdist.strategies.keras_surface.model_strategy import agrees_across_ranks
 from tfdist.strategies.inputs.local_input import LocalSliceDataset
 
 # Keras 2's compile argument every Horovod Keras script passes (Keras 3 has none).

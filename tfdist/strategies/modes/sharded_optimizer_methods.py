@@ -35,8 +35,8 @@ import tensorflow as tf
 
 from tfdist.profiling.names import communication_scope
 
-from tfdist.strategies.keras_patches import patch_points
-from tfdist.strategies.keras_patches.keras_internals import BaseOptimizer, LossScaleOptimizer
+from tfdist.strategies.keras_surface import patch_points
+from tfdist.strategies.keras_surface.keras_internals import BaseOptimizer, LossScaleOptimizer
 from tfdist.strategies.modes import parameter_shards
 from tfdist.strategies.modes.optimizer_shards import shards_of
 

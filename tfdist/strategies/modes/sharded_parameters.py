@@ -28,7 +28,6 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdist.strategies.keras_patches import sharded_layer_calls
 from tfdist.strategies.modes import optimizer_shards
 from tfdist.strategies.modes import parameter_shards
 from tfdist.strategies.modes import sharded_optimizer_methods
@@ -47,7 +46,6 @@ class ShardedParameters(ShardedOptimizerState):
         with tf.init_scope():
             whole = tf.convert_to_tensor(initial() if callable(initial) else initial,
                                          dtype=kwargs.get("dtype"))
-        sharded_layer_calls.install()  # its layer's training calls recompute (once)
         shard = parameter_shards.ParameterShard(whole.shape, whole.dtype, communicator)
         kwargs = dict(kwargs, initial_value=shard.local_part(whole))
         kwargs.pop("shape", None)

@@ -25,7 +25,7 @@ import keras
 
 from tfdist.strategies.modes import sharded_optimizer_methods
 from tfdist.strategies.modes import optimizer_shards
-from tfdist.strategies.keras_patches.keras_internals import LossScaleOptimizer
+from tfdist.strategies.keras_surface.keras_internals import LossScaleOptimizer
 
 # Compressions a sharded optimizer takes: a stateless wire format. A compressor with error
 # feedback keeps a residual per rank and gradient, which the sharding would have to follow.

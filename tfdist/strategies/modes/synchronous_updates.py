@@ -23,7 +23,7 @@ import tensorflow as tf
 from tfdist.strategies.state import replica_consistency
 
 from tfdist.strategies.step import step_plan, synchronous_step
-from tfdist.strategies.keras_patches.model_strategy import agrees_across_ranks
+from tfdist.strategies.keras_surface.model_strategy import agrees_across_ranks
 from tfdist.strategies.inputs.same_data_check import check_same_data
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.strategies.state import rank_state
-from tfdist.strategies.keras_patches.model_strategy import tfdist_strategy
+from tfdist.strategies.keras_surface.model_strategy import tfdist_strategy
 
 _SHOWN = 5  # variables named in an error
 

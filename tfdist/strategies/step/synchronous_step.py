@@ -18,10 +18,14 @@ import tensorflow as tf
 
 from tfdist.strategies.step import empty_slice, replica_step
 from tfdist.strategies.step.batch_dependence import BatchLineage
-from tfdist.strategies.keras_patches import empty_slices
-from tfdist.strategies.keras_patches import model_strategy
-from tfdist.strategies.keras_patches import steps as keras_steps
+from tfdist.strategies.keras_surface import model_strategy
+from tfdist.strategies.keras_surface import steps as keras_steps
 from tfdist.strategies.inputs.batch_slicing import batch_rows, leading_rows
+
+
+# Called as a user's function (a custom loop's step) begins: what the Keras adapter above
+# registers (`keras_patches.install`), so this layer imports nothing of it.
+FIRST_USER_FUNCTION_HOOKS = []
 
 
 def run(extended, fn, args, kwargs, plan):
@@ -68,7 +72,8 @@ def _begin(extended, args, model, plan):
     it then counts one row.
     """
     if plan.scaled_by_user:
-        empty_slices.install()  # a custom loop: its model may be called on an empty slice
+        for hook in FIRST_USER_FUNCTION_HOOKS:  # the adapter's (keras_patches.empty_slices)
+            hook()  # a custom loop: its model may be called on an empty slice
         local_rows = leading_rows(args)
         if local_rows is None:
             local_rows = tf.constant(1, tf.int32)

@@ -19,11 +19,15 @@ import tensorflow as tf
 
 from tfdist import __version__ as tfdist_version
 from tfdist import versions
-from tfdist.strategies.keras_patches import keras_internals, patch_points
-from tfdist.strategies.keras_patches.keras_internals import (ArrayDataAdapter, BaseOptimizer,
+from tfdist.strategies.keras_surface import keras_internals, patch_points
+from tfdist.strategies.keras_surface.keras_internals import (ArrayDataAdapter, BaseOptimizer,
                                                               GeneratorDataAdapter,
                                                               LossScaleOptimizer, TFEpochIterator,
                                                               TFOptimizer, TFVariable)
+
+
+# Keras 2's compile argument Horovod's scripts pass (accepted under per-rank input).
+KERAS_2_ARGUMENT = "experimental_run_tf_function"
 
 SUPPORTED_KERAS = versions.SUPPORTED["keras"]  # [lowest, highest) major.minor
 

@@ -13,8 +13,8 @@ import inspect
 import keras
 import tensorflow as tf
 
-from tfdist.strategies.keras_patches import keras_internals
-from tfdist.strategies.keras_patches.keras_internals import LossScaleOptimizer
+from tfdist.strategies.keras_surface import keras_internals
+from tfdist.strategies.keras_surface.keras_internals import LossScaleOptimizer
 
 
 def _unwrap(fn):

@@ -18,8 +18,8 @@ import tensorflow as tf
 from tfdist import _tf
 from tfdist import runtime
 from tfdist.errors import NotDistributedError
-from tfdist.strategies.keras_patches import fit_session, patch_points
-from tfdist.strategies.keras_patches.keras_internals import TFDatasetAdapter
+from tfdist.strategies.keras_surface import fit_session, patch_points
+from tfdist.strategies.keras_surface.keras_internals import TFDatasetAdapter
 
 
 # Callbacks that never set a stop flag, or set it only from the logs (which are global:

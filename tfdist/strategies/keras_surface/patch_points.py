@@ -24,7 +24,7 @@ from typing import Any, Dict, Set, Tuple
 import keras
 import tensorflow as tf
 
-from tfdist.strategies.keras_patches import keras_internals
+from tfdist.strategies.keras_surface import keras_internals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +194,7 @@ def _override_point(owner: str) -> OverridePoint:
         if point.owner == owner:
             return point
     raise RuntimeError(f"tfdist: {owner} is overridden but not declared in "
-                       "keras_patches/patch_points.OVERRIDES")
+                       "keras_surface/patch_points.OVERRIDES")
 
 
 def adopt(instance: Any, owner: str, overrides: type) -> None:
@@ -260,7 +260,7 @@ def _declared(owner: str, name: str, per_instance: bool) -> PatchPoint:
         if point.owner == owner and name in point.names and point.per_instance == per_instance:
             return point
     raise RuntimeError(f"tfdist: {owner}.{name} is replaced but not declared in "
-                       "keras_patches/patch_points.POINTS (declare it, with why Keras has no "
+                       "keras_surface/patch_points.POINTS (declare it, with why Keras has no "
                        "hook there)")
 
 
