@@ -81,10 +81,10 @@ def test_sharded_training_equals_the_plain_script(name, tmp_path):
 
 # sharding="parameters" (ZeRO stage 3) on the same cases, against the plain script: every
 # trainable variable stored as 1/P, gathered where read, reduce-scattered in the backward
-# pass. Sparse (tf.SparseTensor) input is not yet served with the parameters sharded.
-PARAMETER_WORLDS = {name: world for name, world in WORLDS.items()
-                    if name != "sparse_input_nadam"}
-PARAMETERS_SLOW = ("eager_masked_sequence", "custom_loop_checkpoint", "save_and_load")
+# pass.
+PARAMETER_WORLDS = dict(WORLDS)
+PARAMETERS_SLOW = ("eager_masked_sequence", "custom_loop_checkpoint", "save_and_load",
+                   "sparse_input_nadam")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow]

@@ -46,6 +46,8 @@ class ShardedParameters(ShardedOptimizerState):
         with tf.init_scope():
             whole = tf.convert_to_tensor(initial() if callable(initial) else initial,
                                          dtype=kwargs.get("dtype"))
+        if whole.shape.rank == 0:  # one element, not cut: an optimizer's own trainable
+            return create(dict(kwargs, initial_value=whole))  # scalar (Nadam's u_product)
         shard = parameter_shards.ParameterShard(whole.shape, whole.dtype, communicator)
         kwargs = dict(kwargs, initial_value=shard.local_part(whole))
         kwargs.pop("shape", None)
@@ -81,7 +83,9 @@ class ShardedParameters(ShardedOptimizerState):
             raise ValueError(
                 f"tfdist rank {extended.communicator.rank}: sharding='parameters' applies "
                 f"{optimizer.name} to variables that are not sharded parameters ({whole}): "
-                "create the model's variables under strategy.scope().")
+                "create the model's variables under strategy.scope(); a trainable scalar "
+                "(one element, never cut) cannot be trained with the parameters sharded - "
+                "give it shape (1,).")
         sharded_optimizer_methods.check_shardable(optimizer, variables,
                                                   extended.communicator.rank)
         shards = optimizer_shards.OptimizerShards(
@@ -89,6 +93,8 @@ class ShardedParameters(ShardedOptimizerState):
             counters=extended.communication_counters, parameter_storage=storage)
         optimizer_shards.register(optimizer, shards)
         sharded_optimizer_methods.install_on(optimizer, shards, extended)
+
+
 
 
 def _is_parameter(kwargs) -> bool:
