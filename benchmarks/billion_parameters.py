@@ -1,9 +1,9 @@
 """`tfdist-bench --only billion`: a model that does not fit two unsharded processes trains sharded.
 
-A 16-layer MLP of 8192-wide Dense layers (1.07 billion float32 parameters)
-trained with Adam keeps 16 bytes a parameter unsharded - 17 GB for one
-process, so two data-parallel processes (34 GB) cannot live on a 24 GB
-machine while one can. With `RingAllReduceStrategy(sharding="parameters")`
+A 14-layer MLP of 8192-wide Dense layers (0.94 billion float32 parameters)
+trained with Adam keeps 16 bytes a parameter unsharded - 15 GB of state for
+one process (its peak: 14.2 GB measured), so two data-parallel processes
+(about 28 GB) cannot live on a 24 GB machine while one can. With `RingAllReduceStrategy(sharding="parameters")`
 (ZeRO stage 3) each of 2 processes stores half of the parameters, gradients
 and Adam state. This runs:
 
@@ -13,7 +13,12 @@ and Adam state. This runs:
 each for `--steps` steps of a global batch of 8 rows, and compares the loss
 of every step and each layer's kernel digest (sum, sum of squares, first 64
 elements) with the reference, and records each process's peak resident
-memory. Needs about 20 GB of free memory; run alone.
+memory. Needs about 20 GB of free memory; run alone. (16 layers, 1.07 billion
+parameters, needed 2 x 12 GB sharded here: each process also holds about 2.3 GB
+that does not shrink with P - TensorFlow, Open MPI, a layer's gathered
+parameters and gradient, the update's temporaries - measured at 2, 4 and 8
+layers: 2.3 GB + 0.54 GB a layer, the 8 bytes a parameter that stage 3
+leaves each of 2 processes.)
 
 Result: benchmarks/results/billion_parameters.json.
 
@@ -31,7 +36,7 @@ import time
 
 from benchmarks.harness import write_result
 
-LAYERS = 16
+LAYERS = 14
 WIDTH = 8192
 STEPS = 3
 BATCH = 8

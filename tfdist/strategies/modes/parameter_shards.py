@@ -109,9 +109,12 @@ class ParameterShard:
         return self.stop - self.start
 
     def local_part(self, whole) -> tf.Tensor:
-        """This rank's range of a whole value."""
+        """This rank's range of a whole value, in a buffer of its own: TensorFlow's slice of
+        a contiguous range shares the whole tensor's buffer, and a variable initialized or
+        assigned from it would keep the whole value alive (measured: every rank held the
+        whole model)."""
         flat = tf.reshape(tf.convert_to_tensor(whole, self.dtype), [-1])
-        return flat[self.start:self.stop]
+        return tf.raw_ops.DeepCopy(x=flat[self.start:self.stop])
 
     def gather(self, local: tf.Tensor) -> tf.Tensor:
         """The whole parameter from every rank's range (one all-gather); its gradient is
