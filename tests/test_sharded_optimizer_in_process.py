@@ -112,10 +112,10 @@ def test_parameter_sharded_training_equals_the_plain_script(name, tmp_path):
 
 
 def test_recomputed_layers_replay_their_state():
-    """With the parameters sharded, a layer that owns parameters is recomputed in the
-    backward pass: a GRU with dropout (its masks drawn inside the recomputed call), a
-    Dropout layer and BatchNormalization's moving statistics give what the unsharded
-    strategy gives at 3 ranks (the same masks, the statistics updated once)."""
+    """With the parameters sharded, a layer that owns parameters and no state is
+    recomputed in the backward pass (the Dense layers); those with state are not
+    (BatchNormalization's moving statistics, a GRU's dropout seed); with a Dropout layer
+    between them, training gives what the unsharded strategy gives at 3 ranks."""
     def run(kind):
         return simulate_processes(3, lambda rank: sharded_optimizer.stateful_layers_gru(
             sharded_optimizer.make_strategy(kind)))

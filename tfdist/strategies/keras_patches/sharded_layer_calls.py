@@ -4,8 +4,8 @@ With `sharding="parameters"`, a layer call inside a training step (a tfdist
 step while a gradient tape records) by a layer that itself owns sharded
 parameters runs through `parameter_recompute.call_recomputed`, so its
 gathered parameters do not live until its backward pass. Other calls
-(evaluation, prediction, layers without parameters of their own, one
-process) are Keras' own.
+(evaluation, prediction, layers without parameters of their own, layers
+with non-trainable state, one process) are Keras' own.
 
 Installed when the first sharded parameter is created (on demand, like
 `empty_slices`): a process that never shards parameters keeps Keras'
@@ -34,6 +34,16 @@ def install():
             _installed.append(True)
 
 
+def _holds_state(layer) -> bool:
+    """The layer has non-trainable variables its call reads or changes (BatchNorm's moving
+    statistics, a GRU's dropout seed). Such a call is not recomputed: replaying its state
+    from before the forward pass (Keras' `StatelessScope`) was exact on Keras 3.14 and not
+    on 3.16's development build (BatchNorm), so its gathered parameters live until its
+    backward pass instead - the small layers; Dense, convolutions, embeddings and
+    attention's projections hold none."""
+    return any(not v.trainable for v in getattr(layer, "variables", ()))
+
+
 def _owns_sharded_parameters(layer) -> bool:
     """The layer's own trainable variables include sharded parameters; a recurrent layer's
     cell counts as its own (the cell runs inside the recurrence's loop, where a recomputed
@@ -50,7 +60,7 @@ def _install():
     def call_resharding(self, *args, **kwargs):
         step = replica_step.current()
         if (step is None or not _tf.a_tape_records() or not step.in_step_body()
-                or not _owns_sharded_parameters(self)):
+                or not _owns_sharded_parameters(self) or _holds_state(self)):
             return layer_call(self, *args, **kwargs)
         return parameter_recompute.call_recomputed(self, layer_call, args, kwargs)
 

@@ -12,24 +12,21 @@ recomputed instead (activation checkpointing at the layer):
 * forward (`recomputed`, a `tf.custom_gradient` around the layer's call):
   the call runs after its inputs exist (control dependencies: its gathers
   wait for them, so layers gather one after another, not all at the step's
-  start), and nothing of it is kept but its inputs and the layer's
-  non-trainable state as it was before the call;
+  start), and nothing of it is kept but its inputs;
 * backward: after the upstream gradients exist, the call runs again under a
-  tape - the parameters gathered again, the layer's non-trainable variables
-  (moving statistics, seed states) read as they were before the forward
-  pass through a Keras `StatelessScope`, so dropout draws the same masks
-  and moving statistics are not updated twice - and the gradients of its
-  inputs and its parameters (reduce-scattered by the gather's gradient) are
-  taken from it.
+  tape - the parameters gathered again - and the gradients of its inputs
+  and its parameters (reduce-scattered by the gather's gradient) are taken
+  from it. A layer with non-trainable state (moving statistics, a seed) is
+  not recomputed (`sharded_layer_calls`).
 
 Guarantee: the recomputed call computes what the forward pass computed
-(same inputs, parameters, state and random draws), so the gradients are the
-un-recomputed ones. Cost: one more forward pass of each such layer and one
-more all-gather of its parameters per training step; memory: a layer's
-inputs kept instead of its parameters and internal activations.
+(same inputs and parameters; the layer has no state of its own), so the
+gradients are the un-recomputed ones. Cost: one more forward pass of each
+such layer and one more all-gather of its parameters per training step;
+memory: a layer's inputs kept instead of its parameters and internal
+activations.
 """
 
-import keras
 import tensorflow as tf
 
 from tfdist.strategies.keras_surface.keras_internals import get_keras_mask, set_keras_mask
@@ -43,7 +40,6 @@ def call_recomputed(layer, layer_call, args, kwargs):
                  if isinstance(value, tf.Tensor) and value.dtype.is_floating]
     if not positions:
         return layer_call(layer, *args, **kwargs)
-    state = [v for v in layer.variables if not v.trainable]
     structure = []  # the call's output structure and masks, from the forward pass
     masks = []
 
@@ -56,7 +52,6 @@ def call_recomputed(layer, layer_call, args, kwargs):
 
     @tf.custom_gradient
     def recomputed(*inputs):
-        before = [tf.identity(tf.convert_to_tensor(v)) for v in state]
         with tf.control_dependencies(inputs):  # the layer's gathers wait for its inputs
             outputs = run(inputs)
         structure.append(outputs)
@@ -69,8 +64,7 @@ def call_recomputed(layer, layer_call, args, kwargs):
             with tf.control_dependencies(waits):  # gathered again once the gradient exists
                 with tf.GradientTape() as tape:
                     tape.watch(inputs)
-                    with keras.StatelessScope(state_mapping=list(zip(state, before))):
-                        again = tf.nest.flatten(run(inputs))
+                    again = tf.nest.flatten(run(inputs))
             gradients = tape.gradient(again, list(inputs) + variables,
                                       output_gradients=list(upstream))
             return gradients[:len(inputs)], gradients[len(inputs):]
