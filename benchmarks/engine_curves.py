@@ -131,7 +131,7 @@ def run(tmp):
                                   for e in (*engines, "tf_one_bucket")}
                 for r in table},
             "fastest_engine": {str(k): v for k, v in fastest.items()},
-            # What `tfdist.process_setup.engine_choice` ranks: each engine's median time over
+            # What `tfdist.comm.engines` ranks: each engine's median time over
             # the TF ring's median over every run. The per-run ratios above compare an engine
             # with the TF ring in the same processes, where Horovod's background thread also
             # slows the TF ring (2.2-2.9x the TF ring of the runs without Horovod here); across

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from tfdist.process_setup import engine_choice
-from tfdist.process_setup.engine_choice import COLLECTIVE, HOROVOD_GLOO, HOROVOD_MPI, MPI
+from tfdist.comm import engines as engine_choice
+from tfdist.comm.engines import COLLECTIVE, HOROVOD_GLOO, HOROVOD_MPI, MPI
 
 RESULTS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "results")
 MiB = 2**20
@@ -18,7 +18,7 @@ def test_the_table_is_the_committed_benchmark_result():
     with open(os.path.join(RESULTS, "engine_curves.json")) as f:
         summary = json.load(f)["summary"]
     for engine, key in ((MPI, "mpi_engine"), (HOROVOD_MPI, "mpi"), (HOROVOD_GLOO, "gloo")):
-        assert engine_choice.MEASURED_OVER_TF_RING[engine] == {
+        assert engine_choice.TRANSPORTS[engine].over_tf_ring == {
             int(size): ratio for size, ratio in summary["over_tf_ring"][key].items()}
 
 
@@ -32,8 +32,24 @@ def test_the_table_is_the_committed_benchmark_result():
 def test_relative_time_reads_the_curve_at_or_below_the_bucket(nbytes, measured_at):
     for engine in (MPI, HOROVOD_MPI, HOROVOD_GLOO):
         assert engine_choice.relative_time(engine, nbytes) == (
-            engine_choice.MEASURED_OVER_TF_RING[engine][measured_at])
+            engine_choice.TRANSPORTS[engine].over_tf_ring[measured_at])
     assert engine_choice.relative_time(COLLECTIVE, nbytes) == 1.0
+
+
+def _runnable(launched, controller, mpi_job):
+    """What `engines.runnable` answers for a process so launched (the launcher's facts and
+    the MPI engine's ops, as the registered engines ask them)."""
+    cluster = type("C", (), {"launcher": "mpirun" if mpi_job or controller == "mpi" else
+                             "tfdist-run", "rank": 0, "world_size": 2})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_choice, "launched_as_mpi_job", lambda _: mpi_job)
+        patch.setattr(engine_choice, "launched_with_horovod", lambda _: launched)
+        patch.setattr(engine_choice, "horovod_controller", lambda _: controller or None)
+        patch.setattr("tfdist.comm.mpi.unavailable_reason", lambda _: None)
+        patch.setattr("tfdist.comm.horovod.horovod_available", lambda: True)
+        available, missing = engine_choice.runnable(cluster)
+    assert not missing
+    return available
 
 
 @pytest.mark.parametrize("launched, transport, mpi_job, expected", [
@@ -50,7 +66,7 @@ def test_the_fastest_available_engine_is_chosen_and_the_faster_ones_named(
     assert engine_choice.relative_time(MPI, 4 * MiB) < engine_choice.relative_time(
         HOROVOD_MPI, 4 * MiB) < engine_choice.relative_time(
         HOROVOD_GLOO, 4 * MiB) < 1  # as measured; the cases below rely on that order
-    available = engine_choice.available_engines(launched, transport, mpi_job)
+    available = _runnable(launched, transport, mpi_job)
     engine, why = engine_choice.choose(available, 4 * MiB)
     faster = engine_choice.faster_engines(available, 4 * MiB)
     assert engine == expected
@@ -131,13 +147,33 @@ def test_ranks_that_run_different_versions_fail_naming_them():
     ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_CPU_OPERATIONS": "GLOO"}, "gloo"),
 ])
 def test_horovod_controller_from_the_launchers_environment(monkeypatch, environ, controller):
-    from tfdist import runtime  # pylint: disable=import-outside-toplevel
-
     for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
                  "HOROVOD_CPU_OPERATIONS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(runtime, "cluster", lambda: type(
-        "C", (), {"launcher": "tfdist-run", "rank": 0, "world_size": 2}))
-    assert runtime.horovod_controller() == controller
+    assert engine_choice.horovod_controller(type(
+        "C", (), {"launcher": "tfdist-run", "rank": 0, "world_size": 2})) == controller
+
+
+def test_an_engine_is_one_registration(monkeypatch):
+    """A new engine is its module and one `register`: a backend value of the strategy, agreed
+    on, priced, chosen by "auto" where it is fastest, and refused by its own reason."""
+    from tfdist.strategies import ring  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(engine_choice, "ENGINES", dict(engine_choice.ENGINES))
+    monkeypatch.setattr(engine_choice, "TRANSPORTS", dict(engine_choice.TRANSPORTS))
+    monkeypatch.setattr(engine_choice, "_ENGINE_OF", dict(engine_choice._ENGINE_OF))  # pylint: disable=protected-access
+    engine_choice.register(engine_choice.Engine(
+        name="oneccl", transports=(engine_choice.Transport("oneccl", {4096: 0.1}, "oneCCL"),),
+        runs=lambda cluster: (("oneccl",), {}), refusal=lambda cluster: None,
+        start=lambda cluster, port, options: None, reduces_scatter=True))
+    with pytest.raises(ValueError, match="registered already"):
+        engine_choice.register(engine_choice.ENGINES["oneccl"])
+    assert "oneccl" in engine_choice.names(reduces_scatter=True)
+    assert engine_choice.choose(("mpi", "oneccl", "collective"), 4 * MiB)[0] == "oneccl"
+    assert engine_choice.engine_of("oneccl") == "oneccl"
+    with pytest.raises(ValueError, match=r"engine must be one of \('mpi', 'horovod', "
+                                         r"'collective', 'oneccl'\)"):
+        engine_choice.engine("nccl")
+    assert ring.resolve_backend("oneccl") == ("oneccl", None)

@@ -38,7 +38,7 @@ LAYERS = [
 
 # Modules that must import without TensorFlow (the launcher and the timeline's parsing use them).
 TENSORFLOW_FREE = ("tfdist", "tfdist.cluster", "tfdist.process_setup.cluster",
-                   "tfdist.process_setup.engine_choice", "tfdist.env_vars",
+                   "tfdist.comm.engines", "tfdist.env_vars",
                    "tfdist.process_setup.quiet_output", "tfdist.process_setup.startup_notices",
                    "tfdist.process_setup.slurm_hostlist", "tfdist.fault_tolerance.restarts",
                    "tfdist.profiling", "tfdist.profiling.names", "tfdist.profiling.timeline",

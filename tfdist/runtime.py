@@ -17,17 +17,8 @@ A thread can be bound to a communicator it was given (`use_communicator`):
 built in P threads of one process train together (the simulated engine of
 `tfdist.comm.simulated`, which the in-process test tier uses).
 
-Engines:
-  "collective"  TensorFlow collective ops over gRPC (`tfdist.comm.tf_collective`);
-                needs every worker's "host:port": given by tfdist-run,
-                TF_CONFIG and Kubernetes, swapped under horovodrun, mpirun
-                and srun (`tfdist.comm.address_exchange`).
-  "horovod"     Horovod's ops (`tfdist.comm.horovod`); needs a process started
-                by horovodrun, tfdist-run (Horovod installed), or mpirun (with a
-                Horovod built with MPI).
-  "mpi"         Open MPI's collectives from compiled TensorFlow ops (`tfdist.comm.mpi`);
-                needs the processes started as one MPI job (`launched_as_mpi_job`):
-                mpirun, `horovodrun --mpi`, `tfdist-run --mpi`, srun with PMIx.
+Engines: the registry `tfdist.comm.engines` (what each is, needs and costs);
+`communicator` starts the one a strategy names, once per process.
 """
 
 import atexit
@@ -53,8 +44,6 @@ if TYPE_CHECKING:
     from tfdist.comm.rank_agreement import Agreement
 
 Closable = TypeVar("Closable")
-
-ENGINES = ("collective", "horovod", "mpi")
 
 _lock = threading.RLock()
 _cluster: Optional[cluster_lib.Cluster] = None
@@ -108,35 +97,6 @@ def cluster() -> cluster_lib.Cluster:
         return _cluster
 
 
-def launched_with_horovod() -> bool:
-    """True when Horovod knows this process's peers.
-
-    That is: started by horovodrun or tfdist-run with Horovod installed (Gloo), or as one
-    MPI job (mpirun - `horovodrun --mpi` runs mpirun -, tfdist-run's mpirun, srun with PMIx)
-    with a Horovod built with MPI.
-    """
-    if Foreign.HOROVOD_RANK.is_set() and Foreign.HOROVOD_SIZE.is_set():
-        return True
-    if not launched_as_mpi_job():
-        return False
-    from tfdist.comm.horovod import horovod_mpi_built
-
-    return horovod_mpi_built()
-
-
-def launched_as_mpi_job() -> bool:
-    """True when this process is one of an MPI job's processes (its MPI_COMM_WORLD is the
-    job): started by Open MPI's mpirun (also under `horovodrun --mpi` and `tfdist-run --mpi`),
-    or by srun with PMIx (`srun --mpi=pmix`)."""
-    spec = cluster()
-    if spec.launcher == "mpirun":
-        return True
-    if spec.launcher == "tfdist-run":  # `tfdist-run --mpi`: mpirun's rank is tfdist-run's
-        return (Foreign.OMPI_COMM_WORLD_RANK.get() == str(spec.rank)
-                and Foreign.OMPI_COMM_WORLD_SIZE.get() == str(spec.world_size))
-    return spec.launcher == "srun" and Foreign.PMIX_RANK.is_set()
-
-
 def job_agreement() -> "Agreement":
     """What every rank of this job agreed at start-up (`tfdist.comm.rank_agreement`): the
     engines all of them can run, and the job's secret. Settled once per process, through the
@@ -152,8 +112,10 @@ def job_agreement() -> "Agreement":
 def _agree() -> "Agreement":
     from tfdist.comm import rank_agreement
 
+    from tfdist.comm import engines as engine_registry
+
     spec = cluster()
-    engines, missing = _engines_this_process_can_run()
+    engines, missing = engine_registry.runnable(spec)
     channel = None if bound_to_communicator() or spec.world_size == 1 else _agreement_channel(spec)
     if channel is None:  # one process, simulated ranks, or no choice to agree on
         return rank_agreement.Agreement(engines, {}, None)
@@ -165,30 +127,6 @@ def _agree() -> "Agreement":
     if agreement.secret and not env_vars.SECRET.get():
         os.environ[env_vars.SECRET.name] = agreement.secret  # children inherit it too
     return agreement
-
-
-def _engines_this_process_can_run() -> Tuple[Tuple[str, ...], Dict[str, str]]:
-    """(engines, {engine: why not}) for this process alone (`engine_choice`)."""
-    from tfdist.comm.horovod import horovod_available
-    from tfdist.process_setup import engine_choice
-
-    missing = {}
-    mpi_runs = False
-    spec = cluster()
-    if spec.world_size > 1 and launched_as_mpi_job():
-        from tfdist.comm.mpi import unavailable_reason
-
-        reason = unavailable_reason(spec)
-        mpi_runs = reason is None
-        if reason:
-            missing[engine_choice.MPI] = reason.splitlines()[0]
-    launched = spec.world_size > 1 and launched_with_horovod()
-    controller = horovod_controller() if launched and horovod_available() else None
-    if launched and controller is None:
-        missing[engine_choice.HOROVOD_GLOO] = "Horovod does not import here"
-    engines = engine_choice.available_engines(controller is not None, controller or "",
-                                              mpi_runs)
-    return engines, missing
 
 
 class _Channel:
@@ -203,11 +141,11 @@ class _Channel:
 
 
 def _agreement_channel(spec: cluster_lib.Cluster) -> Optional[_Channel]:
-    from tfdist.comm import launcher_channel
+    from tfdist.comm import engines, launcher_channel
     from tfdist.comm.rank_agreement import check_proposal
 
     what = "the ranks' start-up agreement (engines, versions)"
-    if launched_as_mpi_job():
+    if engines.launched_as_mpi_job(spec):
         return _Channel(lambda text: launcher_channel.gather_through_mpi(
             spec.rank, spec.world_size, text, spec.timeout, check_proposal, what), True)
     address = Foreign.HOROVOD_GLOO_RENDEZVOUS_ADDR.get()
@@ -232,38 +170,24 @@ def _versions() -> Dict[str, str]:
 
 def mpi_engine_runs() -> bool:
     """True when every rank of this job can run the MPI engine (`job_agreement`)."""
-    from tfdist.process_setup import engine_choice
+    from tfdist.comm import engines
 
-    return engine_choice.MPI in job_agreement().engines
-
-
-def horovod_controller() -> Optional[str]:
-    """The controller the launcher set up for Horovod (Horovod's own word, HOROVOD_CONTROLLER):
-    "gloo" (horovodrun, `tfdist-run
-    --horovod`: a Gloo rendezvous, or HOROVOD_CPU_OPERATIONS=gloo), "mpi" (mpirun with a
-    Horovod built with MPI), or None when Horovod does not know this process's peers."""
-    if not launched_with_horovod():
-        return None
-    if (Foreign.HOROVOD_GLOO_RENDEZVOUS_ADDR.is_set()
-            or Foreign.HOROVOD_CPU_OPERATIONS.get(default="").lower() == "gloo"):
-        return "gloo"
-    return "mpi"
+    return engines.MPI in job_agreement().engines
 
 
-def communicator(engine: str = "collective",
-                 fusion_threshold_bytes: Optional[int] = None,
-                 implementation: Optional[str] = None) -> "Communicator":
-    """The process-wide `tfdist.comm.base.Communicator` on `engine`.
+def communicator(engine: str = "collective", **options: Any) -> "Communicator":
+    """The process-wide `tfdist.comm.base.Communicator` on `engine` (`tfdist.comm.engines`).
 
-    With one training process it is the `SingleProcessCommunicator`, whatever
-    the engine. `fusion_threshold_bytes` configures Horovod's fusion buffer
-    when this call initializes Horovod (ignored otherwise); `implementation`
-    the collective engine's choice of TensorFlow implementation
-    (`tf_collective.collective_placement`; the latest call's stands).
+    With one training process it is the `SingleProcessCommunicator`, whatever the engine.
+    `options` are those `Engine.options` gives for the strategy's settings: they start the
+    engine on the first call (Horovod's fusion buffer), and a later call's are applied to
+    the started one where the engine allows (the collective engine's implementation: the
+    latest call's stands).
     """
     global _single_process
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}. Got: {engine!r}")
+    from tfdist.comm import engines
+
+    registered = engines.engine(engine)  # an unknown name fails here, naming the known ones
     if getattr(_bound, "communicator", None) is not None:
         return _bound.communicator
     spec = cluster()
@@ -276,19 +200,17 @@ def communicator(engine: str = "collective",
             return _single_process
         if engine not in _communicators:
             job_agreement()  # the ranks' versions and secret, before any engine starts
-            if engine == "horovod":
-                _communicators[engine] = _start_horovod(spec, fusion_threshold_bytes)
-            elif engine == "mpi":
-                _communicators[engine] = _start_mpi(spec)
-            else:
-                _communicators[engine] = _start_collective(spec)
+            refusal = registered.refusal(spec)
+            if refusal:
+                raise RuntimeError(refusal)
+            held_port = None
+            if registered.needs_worker_addresses:
+                spec = _with_worker_addresses(spec)
+                held_port = _take_held_port(spec)
+            _communicators[engine] = registered.start(spec, held_port, options)
             _register_shutdown()
-        if implementation is not None and engine == "collective":
-            from tfdist.comm.tf_collective import CollectiveCommunicator
-
-            collective = _communicators[engine]
-            if isinstance(collective, CollectiveCommunicator):
-                collective.implementation = implementation
+        elif registered.configure is not None:
+            registered.configure(_communicators[engine], options)
         return _communicators[engine]
 
 
@@ -326,39 +248,6 @@ def shutdown() -> None:
             resource.close()
         except Exception as e:  # pylint: disable=broad-except
             logging.warning("tfdist: closing %s failed: %s", type(resource).__name__, e)
-
-
-def _start_horovod(spec: cluster_lib.Cluster,
-                   fusion_threshold_bytes: Optional[int]) -> "Communicator":
-    if not launched_with_horovod():
-        raise RuntimeError(
-            f"tfdist rank {spec.rank}: the Horovod engine needs processes started by "
-            "horovodrun, tfdist-run (without --no-horovod, with Horovod installed), or mpirun "
-            "with a Horovod built with MPI (launched here by "
-            f"{spec.launcher}); use backend='collective' or change the launcher."
-        )
-    from tfdist.comm.horovod import HorovodCommunicator
-
-    return HorovodCommunicator(spec, fusion_threshold_bytes)
-
-
-def _start_mpi(spec: cluster_lib.Cluster) -> "Communicator":
-    if not launched_as_mpi_job():
-        raise RuntimeError(
-            f"tfdist rank {spec.rank}: the MPI engine needs the processes started as one MPI "
-            "job: by mpirun, horovodrun --mpi, tfdist-run --mpi or srun --mpi=pmix (launched "
-            f"here by {spec.launcher}); use backend='collective' or change the launcher.")
-    from tfdist.comm.mpi import MpiCommunicator
-
-    spec = _with_worker_addresses(spec)  # each rank's liveness port
-    return MpiCommunicator(spec, _take_held_port(spec))
-
-
-def _start_collective(spec: cluster_lib.Cluster) -> "Communicator":
-    from tfdist.comm.tf_collective import CollectiveCommunicator
-
-    spec = _with_worker_addresses(spec)
-    return CollectiveCommunicator(spec, _take_held_port(spec))
 
 
 def _with_worker_addresses(spec: cluster_lib.Cluster) -> cluster_lib.Cluster:

@@ -6,11 +6,9 @@ import numbers
 
 from tfdist.aggregation.cost_model import ALGORITHMS, predict_all_reduce_seconds
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES
-from tfdist.aggregation.ring import REDUCE_SCATTERING_BACKENDS
 from tfdist.aggregation.tree import DEFAULT_CHUNK_BYTES
+from tfdist.comm import engines
 
-# The engines `recommend` prices the ring on (`RingAllReduceStrategy(backend=...)`).
-RING_BACKENDS = ("collective", "horovod", "mpi")
 
 # Settings searched (each algorithm's defaults first: on a tie the default wins).
 SMALLEST_CHUNK_BYTES = 64 * 1024
@@ -197,8 +195,8 @@ def recommend(model_or_bytes, processes, bandwidth, latency, candidates=None, co
     _check_number("optimizer_state_bytes", optimizer_state_bytes, minimum=0)
     if memory_budget_bytes is not None:
         _check_number("memory_budget_bytes", memory_budget_bytes, minimum=0, strict=True)
-    if backend not in RING_BACKENDS:
-        raise ValueError(f"backend must be one of {RING_BACKENDS}. Got: {backend!r}")
+    if backend not in engines.ENGINES:  # `RingAllReduceStrategy(backend=...)`'s engines
+        raise ValueError(f"backend must be one of {tuple(engines.ENGINES)}. Got: {backend!r}")
     alpha, beta = float(latency), 8.0 / bandwidth
     pairs = (search_space(n_bytes, processes, optimizer_state_bytes, backend)
              if candidates is None else list(candidates))
@@ -291,7 +289,7 @@ def search_space(n_bytes, processes, optimizer_state_bytes=0, backend="collectiv
     if optimizer_state_bytes:
         pairs.append(("ring", {"shard_optimizer_state": True,
                                **({"backend": backend}
-                                  if backend in REDUCE_SCATTERING_BACKENDS else {})}))
+                                  if engines.engine(backend).reduces_scatter else {})}))
     chunks = [SMALLEST_CHUNK_BYTES]
     while chunks[-1] < n_bytes:
         chunks.append(chunks[-1] * 2)

@@ -1,5 +1,6 @@
 """Ring all-reduce, on Open MPI's collectives, TensorFlow's collective ops or Horovod."""
 
+from tfdist.comm import engines
 from tfdist.aggregation.base import Aggregator, positive_bytes
 from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES,
                                       FusionPlan)
@@ -7,7 +8,6 @@ from tfdist.aggregation.fusion import (DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADI
 
 # Engines with a reduce-scatter of their own: a sharded optimizer's gradients are
 # reduce-scattered there, half of an all-reduce (`predict_seconds`).
-REDUCE_SCATTERING_BACKENDS = ("horovod", "mpi")
 
 
 class RingAllReduceAggregator(Aggregator):
@@ -84,6 +84,6 @@ class RingAllReduceAggregator(Aggregator):
         (1.5x the bytes)."""
         p = world_size
         seconds = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
-        if shard_optimizer_state and backend not in REDUCE_SCATTERING_BACKENDS:
+        if shard_optimizer_state and not engines.engine(backend).reduces_scatter:
             seconds += (p - 1) * alpha + (p - 1) / p * n_bytes * beta
         return seconds

@@ -28,6 +28,8 @@ from typing import Any, ContextManager, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from tfdist.errors import ClusterError
+
 
 class Communicator(abc.ABC):
     """Collectives among the training processes of one job.
@@ -60,6 +62,16 @@ class Communicator(abc.ABC):
     supports_point_to_point: bool = False
     reduces_scatter: bool = False
     small_all_reduce_is_cheap: bool = False
+
+    def _take_rank(self, said_by: str, rank: int, world_size: int, cluster: Any,
+                   how_to_start: str) -> None:
+        """Take the rank and size the engine (`said_by`) gives this process, which must be the
+        cluster environment's: a process started by another launcher fails, naming both."""
+        self.rank, self.world_size = rank, world_size
+        if (rank, world_size) != (cluster.rank, cluster.world_size):
+            raise ClusterError(
+                f"tfdist: {said_by} says rank {rank} of {world_size} but the cluster "
+                f"environment says rank {cluster.rank} of {cluster.world_size}; {how_to_start}")
 
     # ---------------------------------------------------------- collectives
     @abc.abstractmethod

@@ -35,7 +35,7 @@ from tfdist import _tf
 from tfdist.comm.base import Communicator, checked_scatter
 from tfdist.comm.liveness import PeerMonitor, ending_the_process
 from tfdist.comm.trace_counter import TraceStableCounter
-from tfdist.errors import ClusterError, explain_uncaught
+from tfdist.errors import explain_uncaught
 from tfdist.process_setup import startup_deadline
 from tfdist.profiling import names
 
@@ -129,13 +129,8 @@ class HorovodCommunicator(Communicator):
             with startup_deadline.bounded("hvd.init() (Horovod's start-up)", self.timeout,
                                           cluster.rank, HOROVOD_INIT_CAUSES):
                 hvd.init()
-        self.rank, self.world_size = hvd.rank(), hvd.size()
-        if (self.rank, self.world_size) != (cluster.rank, cluster.world_size):
-            raise ClusterError(
-                f"tfdist: Horovod says rank {self.rank} of {self.world_size} but the cluster "
-                f"environment says rank {cluster.rank} of {cluster.world_size}; "
-                "was this process started by horovodrun or tfdist-run?"
-            )
+        self._take_rank("Horovod", hvd.rank(), hvd.size(), cluster,
+                        "was this process started by horovodrun or tfdist-run?")
         self.transport = "mpi" if hvd.mpi_enabled() else "gloo"
         explain_uncaught(self._explain_failure)
         # The waits' deadlines only: Horovod's peers listen on no port tfdist knows.

@@ -97,13 +97,9 @@ class MpiCommunicator(Communicator):
         self._ops = mpi_kernels.ops()
         self.timeout = float(cluster.timeout)
         world = mpi.COMM_WORLD
-        self.rank, self.world_size = world.Get_rank(), world.Get_size()
-        if (self.rank, self.world_size) != (cluster.rank, cluster.world_size):
-            raise ClusterError(
-                f"tfdist: MPI says rank {self.rank} of {self.world_size} but the cluster "
-                f"environment says rank {cluster.rank} of {cluster.world_size}; the MPI "
-                "engine needs the job's processes started as one MPI job (mpirun, srun with "
-                "PMIx, tfdist-run --mpi)")
+        self._take_rank("MPI", world.Get_rank(), world.Get_size(), cluster,
+                        "the MPI engine needs the job's processes started as one MPI job "
+                        "(mpirun, srun with PMIx, tfdist-run --mpi)")
         if mpi.Query_thread() < mpi.THREAD_SERIALIZED:
             raise ClusterError(
                 f"tfdist rank {self.rank}: MPI was initialized with thread level "

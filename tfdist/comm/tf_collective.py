@@ -284,8 +284,11 @@ class CollectiveCommunicator(Communicator):
     # ------------------------------------------------------------ collectives
     @_waits_on_peers
     def all_reduce(self, tensor, group_size=None, group_key=WORLD_GROUP_KEY):
-        """Element-wise sum of `tensor` over the group (every rank gets it)."""
+        """Element-wise sum of `tensor` over the group (every rank gets it); of a bool tensor,
+        the logical or (TensorFlow's all-reduce takes no bool: summed as int32)."""
         tensor = tf.convert_to_tensor(tensor)
+        if tensor.dtype == tf.bool:
+            return self.all_reduce(tf.cast(tensor, tf.int32), group_size, group_key) > 0
         device, hint = self._placement(tensor, "all_reduce")
         with tf.device(device):
             return _tf.all_reduce_v2(

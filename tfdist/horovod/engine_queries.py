@@ -16,6 +16,7 @@ what moves this job's bytes:
 import tensorflow as tf
 
 from tfdist import runtime
+from tfdist.comm import engines
 from tfdist.comm.horovod import horovod_available, import_horovod
 from tfdist.horovod import process
 
@@ -32,12 +33,12 @@ def _horovod_says(name, default=False):
 
 def gloo_enabled():
     """True when Horovod on Gloo moves this job's bytes."""
-    return _on_horovod() and runtime.horovod_controller() == "gloo"
+    return _on_horovod() and engines.horovod_controller(runtime.cluster()) == "gloo"
 
 
 def mpi_enabled():
     """True when Horovod on MPI moves this job's bytes."""
-    return _on_horovod() and runtime.horovod_controller() == "mpi"
+    return _on_horovod() and engines.horovod_controller(runtime.cluster()) == "mpi"
 
 
 def gloo_built():

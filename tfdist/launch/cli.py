@@ -13,7 +13,7 @@ be given as an environment variable (`TFDIST_NP`, `TFDIST_NUM_SERVERS`,
 `TFDIST_TIMEOUT`, `TFDIST_PORT_BASE`, `TFDIST_HOROVOD=1`, `TFDIST_MAX_RESTARTS`, the
 elastic ones in `tfdist.env_vars`). When Horovod is installed (or with `--horovod`; not with `--no-horovod`) the ranks are also
 a Horovod job (Gloo), as under `horovodrun --gloo`: `RingAllReduceStrategy(backend="auto")`
-then takes Horovod's engine, the faster on big gradients (`tfdist.process_setup.engine_choice`),
+then takes Horovod's engine, the faster on big gradients (`tfdist.comm.engines`),
 and `backend="horovod"` and `tfdist.horovod.keras` work. The exit code is 0 when every rank
 exits 0, otherwise that of the first process to fail (the others are
 terminated and the failing rank is named). With `--max-restarts R` a failed

@@ -7,8 +7,6 @@
 - `cpu_share`: processes on one host split the intra-op threads;
 - `quiet_output` and `startup_notices`: one line per fact instead of
   TensorFlow's start-up notices, on every launcher;
-- `engine_choice`: which engine `backend="auto"` takes (the fastest the
-  launcher makes available);
 - `child_processes`: children that die with their parent.
 
 Every module here is TensorFlow-free (the launcher imports them) except

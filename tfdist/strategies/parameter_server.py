@@ -4,6 +4,7 @@ from typing import Optional, Union
 
 from tfdist.aggregation.compression import Compressor
 from tfdist import chief_log, runtime
+from tfdist.comm import engines
 from tfdist.errors import ServerRoleFinished
 from tfdist.aggregation.parameter_server import DEFAULT_PIECE_BYTES, ParameterServerAggregator
 from tfdist.aggregation.parameter_server.colocated import ColocatedServer
@@ -110,7 +111,7 @@ class ParameterServerStrategy(DataParallelStrategy):
         self._asynchronous_updates = AsynchronousUpdates(staleness) if mode == "async" else None
         # The workers' own collectives (broadcasts, metrics, barriers): Open MPI's in an MPI
         # job (no TensorFlow server listening on every interface), else TensorFlow's.
-        engine = "mpi" if runtime.mpi_engine_runs() else "collective"
+        engine = engines.MPI if runtime.mpi_engine_runs() else engines.COLLECTIVE
         super().__init__(self._make_aggregator, engine=engine, compression=compression,
                          optimizer_state=optimizer_state, updates=self._asynchronous_updates)
 

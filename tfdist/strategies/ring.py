@@ -4,14 +4,17 @@ from typing import Optional, Union
 
 from tfdist.aggregation.compression import Compressor
 from tfdist import env_vars, runtime
-from tfdist.process_setup import engine_choice
 from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIENT_BUCKET_BYTES
 from tfdist.aggregation.ring import RingAllReduceAggregator
+from tfdist.comm import engines
 from tfdist.comm.tf_collective import check_implementation
 from tfdist.strategies.data_parallel import DataParallelStrategy
 from tfdist.strategies import modes
 
-BACKENDS = ("auto", "mpi", "horovod", "collective")
+
+def backends():
+    """The `backend` values: "auto" and every registered engine (`tfdist.comm.engines`)."""
+    return ("auto", *engines.ENGINES)
 
 
 def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
@@ -19,7 +22,7 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     TFDIST_VERBOSE=1, there are faster ones this job cannot run).
 
     "auto" is the fastest engine every rank of the job can run at buckets of `bucket_bytes`
-    (`tfdist.process_setup.engine_choice`), as the ranks agreed at start-up
+    (`tfdist.comm.engines.choose`), as the ranks agreed at start-up
     (`runtime.job_agreement`): Open MPI's own collectives when the processes are one MPI
     job (tfdist-run with Open MPI installed, mpirun, srun with PMIx) and every rank's ops
     load; else Horovod on MPI or Gloo when its launcher gave Horovod the peers (horovodrun,
@@ -27,21 +30,21 @@ def resolve_backend(backend, bucket_bytes=DEFAULT_GRADIENT_BUCKET_BYTES):
     collectives. An engine a faster choice would have been, which some rank cannot run, is
     named with that rank and its reason.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}. Got: {backend!r}")
+    if backend not in backends():
+        raise ValueError(f"backend must be one of {backends()}. Got: {backend!r}")
     if backend != "auto":
         return backend, None
     agreement = runtime.job_agreement()
     available = agreement.engines
-    engine, why = engine_choice.choose(available, bucket_bytes)
+    transport, why = engines.choose(available, bucket_bytes)
     reasons = [why] if len(available) > 1 else []  # one engine: nothing was chosen
-    chosen = engine_choice.relative_time(engine, bucket_bytes)
+    chosen = engines.relative_time(transport, bucket_bytes)
     reasons += [f"not {left}: {because}" for left, because in agreement.left_out.items()
-                if engine_choice.relative_time(left, bucket_bytes) < chosen]
-    faster = engine_choice.faster_engines(available, bucket_bytes)
+                if engines.relative_time(left, bucket_bytes) < chosen]
+    faster = engines.faster_engines(available, bucket_bytes)
     if faster and env_vars.VERBOSE.flag():
         reasons.append(f"faster: {faster}")
-    return (engine_choice.backend_of(engine),
+    return (engines.engine_of(transport),
             "backend 'auto': " + "; ".join(reasons) if reasons else None)
 
 
@@ -64,7 +67,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
             installed, mpirun, srun --mpi=pmix),
             "horovod" (Horovod's ring over Gloo or MPI; needs horovodrun,
             mpirun or tfdist-run with Horovod installed), or "auto": the fastest engine
-            the job can run by measured curves (`tfdist.process_setup.engine_choice`:
+            the job can run by measured curves (`tfdist.comm.engines`:
             "mpi" in an MPI job, else Horovod when the launcher set it up, else
             "collective"), said in one start-up line.
         fusion_threshold_bytes: largest gradient bucket, i.e. fused buffer
@@ -130,8 +133,8 @@ class RingAllReduceStrategy(DataParallelStrategy):
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)
         self.implementation = check_implementation(implementation)  # refused before anything starts
-        engine_options = ({"fusion_threshold_bytes": self.fusion_threshold_bytes}
-                          if self.backend == "horovod" else {"implementation": implementation})
+        engine_options = engines.engine(self.backend).options(self.fusion_threshold_bytes,
+                                                              implementation)
         super().__init__(
             lambda communicator: RingAllReduceAggregator(
                 communicator, self.fusion_threshold_bytes, first_bucket_bytes),

@@ -7,6 +7,7 @@ from tfdist.aggregation.fusion import DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_GRADIE
 from tfdist.aggregation.tree import (DEFAULT_CHUNK_BYTES, ReductionTreeAggregator,
                                     validate_fanout)
 from tfdist import runtime
+from tfdist.comm import engines
 from tfdist.strategies.data_parallel import DataParallelStrategy
 from tfdist.strategies import modes
 
@@ -63,5 +64,5 @@ class ReductionTreeStrategy(DataParallelStrategy):
             lambda communicator: ReductionTreeAggregator(
                 communicator, fanout, chunk_bytes, fusion_threshold_bytes,
                 first_bucket_bytes),
-            engine="collective", compression=compression, optimizer_state=optimizer_state,
+            engine=engines.names(point_to_point=True)[0], compression=compression, optimizer_state=optimizer_state,
         )

@@ -16,6 +16,7 @@ plain Keras: there is nothing to aggregate and no engine to advertise.
 """
 
 from tfdist import runtime
+from tfdist.comm import engines
 from tfdist.process_setup import cpu_share, gpu_placement
 
 
@@ -41,11 +42,12 @@ def start_up_line(strategy, engine_reason=None):
 
 
 def engine_label(engine):
-    """"horovod-gloo" / "horovod-mpi" for Horovod's engine (its controller named), else `engine`."""
-    if engine == "horovod":
-        controller = runtime.horovod_controller()
-        return f"horovod-{controller}" if controller else engine
-    return engine
+    """"horovod-gloo" / "horovod-mpi" for Horovod's engine (its controller named), else `engine`:
+    the transport (`tfdist.comm.engines.Transport`) this process runs it over (the simulated
+    engine of the in-process tests is no registered one: its name)."""
+    if engine not in engines.ENGINES:
+        return engine
+    return engines.ENGINES[engine].label_for(runtime.cluster())
 
 
 def devices():
