@@ -258,8 +258,8 @@ def architecture():
     axes.text(0.92, 5.47, "modes/", fontsize=9, weight="bold", color=RANK, va="center")
     interfaces = (
         ("InputMode", ("GlobalBatch\nInput", "PerRank\nInput"), "per_rank_input=True"),
-        ("OptimizerStateMode", ("Replicated\nOptimizerState", "Sharded\nOptimizerState"),
-         "shard_optimizer_state=True"),
+        ("Placement", ("Replicated\n(all whole)", "Sharded: optim.,\ngrads, params"),
+         'sharding="..."'),
         ("UpdateMode", ("Synchronous\nUpdates", "Asynchronous\nUpdates"),
          'mode="async"'))
     for index, (interface, implementations, chosen_by) in enumerate(interfaces):
@@ -277,22 +277,23 @@ def architecture():
         axes.text(x + 0.63, 4.1, chosen_by, ha="center", va="top", fontsize=7.5, color=GREY)
 
     for index, (name, text) in enumerate((
-            ("step/", "step plan, fused all-reduce"),
-            ("inputs/", "slices, same-data checks"),
-            ("state/", "global, per rank, compared"),
-            ("keras_patches/", "Keras changes, declared"))):
-        x = 1.72 + 2.02 * index
-        _box(axes, x, 3.28, "", color=LIGHT, width=1.88, height=0.52)
-        axes.text(x, 3.39, name, ha="center", va="center", fontsize=8.5, weight="bold",
+            ("keras_patches/", "patches, on top"),
+            ("step/", "plan, fused sums"),
+            ("inputs/", "slices, checks"),
+            ("state/", "global, compared"),
+            ("keras_surface/", "reads Keras: bottom"))):
+        x = 1.45 + 1.65 * index
+        _box(axes, x, 3.28, "", color=LIGHT, width=1.55, height=0.52)
+        axes.text(x, 3.39, name, ha="center", va="center", fontsize=8, weight="bold",
                   color=RANK)
-        axes.text(x, 3.16, text, ha="center", va="center", fontsize=7.5)
+        axes.text(x, 3.16, text, ha="center", va="center", fontsize=7.2)
 
     for y, name, text in (
             (2.5, "runtime, simulation", "process state, communicators, shutdown; "
                                          "ranks as threads"),
             (2.0, "fault_tolerance/", "backups (given a BackupJob), preemption, restarts"),
             (1.5, "aggregation/", "ring, tree, parameter servers, compression, cost model"),
-            (1.0, "comm/", "Communicator: TF collectives, Horovod; RPC, liveness"),
+            (1.0, "comm/", "engine registry; Open MPI, TF collectives, Horovod; RPC"),
             (0.5, "process_setup/", "and _tf, private_surface, errors, env_vars, versions")):
         _band(axes, y, name, text)
     _save(figure, "diagram_architecture.png")

@@ -161,12 +161,80 @@ def test_parameters_are_stored_as_one_rank_slice_and_read_whole():
             np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("sharding, compression", [
+    (None, "topk"), ("optimizer", None), ("parameters", None)])
+def test_the_placement_answers_where_each_variable_lives(sharding, compression):
+    """`Placement.layout` for every variable of a model and its built optimizer at 3 ranks:
+    a parameter is a slice of ceil(N/3) elements with the parameters sharded, whole
+    otherwise; its Adam slots are the same range with the state sharded; moving statistics
+    and the step count are whole; a compressor's error feedback is each rank's own; the
+    sliced slots are what the consistency check and the backup treat per rank."""
+    from tfdist.strategies.modes import layout  # pylint: disable=import-outside-toplevel
+
+    def rank_view(rank):
+        strategy = tfdist.strategies.RingAllReduceStrategy(sharding=sharding,
+                                                           compression=compression)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(41),
+                                      keras.layers.BatchNormalization(), keras.layers.Dense(5)])
+            model.compile(optimizer="adam", loss="mse")
+            model.optimizer.build(model.trainable_variables)
+        placement = strategy.extended.placement
+        rows = []
+        for variable in model.variables + model.optimizer.variables:
+            found = placement.layout(variable)
+            rows.append((variable.path, found.kind, found.shape, found.start, found.stop,
+                         tuple(variable.shape), int(np.prod(getattr(variable, "value",
+                                                                    variable).shape))))
+        sliced = {v.path for v in placement.rank_local_slots(model)}
+        return rank, rows, sliced
+
+    tiles = {}  # path -> every rank's (start, stop, elements): the ranks' slices tile the whole
+    for rank, rows, sliced in simulate_processes(3, rank_view):
+        for path, kind, shape, start, stop, seen_shape, stored in rows:
+            elements = int(np.prod(shape))
+            width = -(-elements // 3)
+            is_slot = path.startswith("adam/") and path not in ("adam/iteration",
+                                                                "adam/learning_rate")
+            is_parameter = ("kernel" in path or "bias" in path or "gamma" in path
+                            or "beta" in path) and not path.startswith("adam/")
+            if kind != layout.SLICE:
+                assert seen_shape == shape, path
+            if "residual" in path:  # TopK's error feedback, kept by Adam's side
+                assert compression == "topk" and kind == layout.OWN, (path, kind)
+            elif path.startswith("adam/") and not is_slot or "moving" in path:
+                assert kind == layout.WHOLE, (path, kind)
+            elif is_parameter and sharding != "parameters":
+                assert kind == layout.WHOLE, (path, kind)
+            elif is_parameter or (is_slot and sharding is not None):
+                assert kind == layout.SLICE, (path, kind)
+                if sharding == "parameters":  # cut per variable: ceil(N/3) each
+                    assert (start, stop) == (min(rank * width, elements),
+                                             min((rank + 1) * width, elements)), (path, start)
+                tiles.setdefault(path, []).append((start, stop, elements))
+                if is_parameter:  # Keras sees the whole shape, the storage is the slice
+                    assert seen_shape == shape and stored == stop - start, (path, stored)
+                else:  # a sharded optimizer's slot takes its slice's shape
+                    assert seen_shape == (stop - start,), (path, seen_shape)
+            else:
+                assert is_slot and kind == layout.WHOLE, (path, kind)
+        expected = {path for path, kind, *_ in rows
+                    if kind == layout.SLICE and path.startswith("adam/")}
+        assert sliced == expected and bool(sliced) == (sharding is not None)
+        assert any(kind == layout.OWN for _, kind, *_ in rows) == (compression == "topk")
+    for path, pieces in tiles.items():  # stage 1 cuts per bucket: any ranges, but a tiling
+        assert len(pieces) == 3 and sorted(pieces)[0][0] == 0, (path, pieces)
+        ends = [stop for _, stop, _ in sorted(pieces)]
+        assert [start for start, _, _ in sorted(pieces)][1:] == ends[:-1], (path, pieces)
+        assert ends[-1] == pieces[0][2], (path, pieces)
+
+
 def test_sharding_values_are_checked():
     with pytest.raises(ValueError, match="sharding must be one of"):
-        tfdist.strategies.modes.optimizer_state(sharding="params")
+        tfdist.strategies.modes.placement(sharding="params")
     with pytest.raises(ValueError, match="give sharding alone"):
-        tfdist.strategies.modes.optimizer_state(True, "parameters")
-    assert tfdist.strategies.modes.optimizer_state(True).sharding == "optimizer"
+        tfdist.strategies.modes.placement(True, "parameters")
+    assert tfdist.strategies.modes.placement(True).sharding == "optimizer"
 
 
 def tf_default_strategy():

@@ -212,7 +212,7 @@ def test_layers_above_use_only_the_declared_members_of_strategy_extended():
 
     used = set(_extended_members_used())
     assert {member for _, member in used} >= {"communicator", "aggregator", "updates",
-                                              "input_mode", "optimizer_state"}
+                                              "input_mode", "placement"}
     undeclared = sorted((str(path), member) for path, member in used if member not in MEMBERS)
     assert not undeclared, ("strategy.extended members used but not declared in "
                             f"tfdist/strategies/core/extended_interface.py: {undeclared}")
@@ -279,7 +279,7 @@ def test_every_mode_provides_its_declared_interface():
 
     implementations = {
         interfaces.InputMode: (modes.GlobalBatchInput, modes.PerRankInput),
-        interfaces.OptimizerStateMode: (modes.ReplicatedOptimizerState,
+        interfaces.Placement: (modes.ReplicatedOptimizerState,
                                         modes.ShardedOptimizerState),
         interfaces.UpdateMode: (modes.SynchronousUpdates, modes.AsynchronousUpdates),
     }

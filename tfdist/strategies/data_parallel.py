@@ -72,7 +72,7 @@ class DataParallelStrategy(_tf.OneDeviceStrategy):
             rank 0's value when it is created.
         engine_reason: why the engine was chosen, for the start-up line
             (`RingAllReduceStrategy(backend="auto")` gives it).
-        optimizer_state: the `tfdist.strategies.modes.OptimizerStateMode` (a subclass's
+        optimizer_state: the `tfdist.strategies.modes.Placement` (a subclass's
             choice; default: the whole state on every rank).
         updates: the `tfdist.strategies.modes.UpdateMode` (a subclass's choice; default:
             every rank in every step).

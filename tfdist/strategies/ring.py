@@ -128,7 +128,7 @@ class RingAllReduceStrategy(DataParallelStrategy):
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  implementation: str = "auto", per_rank_input: bool = False,
                  shard_optimizer_state: bool = False, sharding: Optional[str] = None):
-        placement = modes.optimizer_state(shard_optimizer_state, sharding)  # checked first
+        placement = modes.placement(shard_optimizer_state, sharding)  # checked first
         self.sharding = placement.sharding
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)

@@ -73,16 +73,16 @@ class StrategyBackupJob:
         return state
 
     def whole_optimizer_state(self, model):
-        return self.strategy.extended.optimizer_state.consolidated(model)
+        return self.strategy.extended.placement.consolidated(model)
 
     def keeping_loaded_state(self, model):
-        return self.strategy.extended.optimizer_state.keeping_loaded(model)
+        return self.strategy.extended.placement.keeping_loaded(model)
 
     def share_loaded_state(self, model):
-        self.strategy.extended.optimizer_state.share_loaded(model)
+        self.strategy.extended.placement.share_loaded(model)
 
     def rank_local_variables(self, model):
-        return self.strategy.extended.optimizer_state.rank_local_slots(model)
+        return self.strategy.extended.placement.rank_local_slots(model)
 
     def server_state(self, optimizer):
         return self.strategy.extended.updates.server_state(optimizer)

@@ -38,6 +38,7 @@ from tfdist.strategies.step.cross_replica_sum import StepReplicaContext, sum_exa
 from tfdist.strategies.step.global_gradients import GlobalGradients
 from tfdist.strategies.inputs.local_input import LocalSliceDataset
 from tfdist.strategies.state.local_state import LocalStateSync
+from tfdist.strategies.modes.interfaces import PlacementContext
 
 
 def _local_device(cluster):
@@ -73,7 +74,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
     def __init__(self, container_strategy, make_aggregator, engine, engine_options, compression,
                  modes):
         self.input_mode = modes.input
-        self.optimizer_state = modes.optimizer_state
+        self.placement = modes.placement
         self.updates = modes.updates
         self._cluster = runtime.cluster()
         if self._cluster.is_server:
@@ -94,7 +95,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         self.communication_counters = CommunicationCounters(
             self._cluster.rank, self._cluster.world_size, self._plain_aggregator.num_servers)
         self._use_aggregator(with_compression(self._plain_aggregator, compression))
-        self.optimizer_state.check_compression(self.compression_name, self._cluster.rank)
+        self.placement.check_compression(self.compression_name, self._cluster.rank)
         self.local_state = LocalStateSync(self, self._cluster.rank, self._cluster.world_size)
         self._cluster_resolver = _cluster_resolver(self._cluster)
         self.agreed_flags = AgreedFlags(self._cluster.world_size, self._cluster.rank)
@@ -119,7 +120,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         stateless compressions ("none", "fp16") may replace each other: a stateful one's error
         feedback would be lost."""
         aggregator = with_compression(self._plain_aggregator, compression)
-        self.optimizer_state.check_compression(getattr(aggregator, "compression_name", "none"),
+        self.placement.check_compression(getattr(aggregator, "compression_name", "none"),
                                                self._cluster.rank)
         stateless = {"none", "fp16"}
         names = {self.compression_name, getattr(aggregator, "compression_name", "none")}
@@ -191,6 +192,18 @@ class DataParallelExtended(_tf.OneDeviceExtended):
         finally:
             self._rank_local.active = previous
 
+    def placement_context(self):
+        """What the placement reads of this strategy when an optimizer is built
+        (`modes.interfaces.PlacementContext`)."""
+        aggregator = self.aggregator
+        buckets = getattr(aggregator, "bucket_bytes", None)
+        return PlacementContext(
+            communicator=self.communicator,
+            bucket_bytes=(None if buckets is None
+                          else (buckets, getattr(aggregator, "first_bucket_bytes", buckets))),
+            rank_local_variables=self.rank_local_variables,
+            counters=self.communication_counters)
+
     def _create_variable(self, next_creator, **kwargs):
         """A variable of this strategy, its initial value as the input mode has it (rank 0's,
         broadcast; or the creating rank's own until synchronized)."""
@@ -201,7 +214,7 @@ class DataParallelExtended(_tf.OneDeviceExtended):
             with self.rank_local_variables():  # each rank draws its own masks
                 return super()._create_variable(next_creator, **kwargs)
         kwargs = self.input_mode.creating_variable(kwargs, self._communicator)
-        variable = self.optimizer_state.create(
+        variable = self.placement.create(
             lambda placed: super(DataParallelExtended, self)._create_variable(next_creator,
                                                                               **placed),
             kwargs, self._communicator)

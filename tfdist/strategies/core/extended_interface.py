@@ -6,7 +6,7 @@ are the only members they may use; `tests/test_structure.py` checks that
 every `extended.<member>` read outside the strategy's own modules is
 declared here and that the implementation (`DataParallelExtended`) provides
 every member. Which input, optimizer state and update the strategy has is
-not a flag here but three objects (`input_mode`, `optimizer_state`,
+not a flag here but three objects (`input_mode`, `placement`,
 `updates`), called through their own declared interfaces
 (`tfdist.strategies.modes.interfaces`). A new use starts with a line here.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tfdist.fault_tolerance.agreed_flags import AgreedFlags
     from tfdist.fault_tolerance.preemption import PreemptionNotice
     from tfdist.strategies.modes.interfaces import (  # noqa: F401
-        InputMode, OptimizerStateMode, UpdateMode)
+        InputMode, Placement, PlacementContext, UpdateMode)
 
 
 @runtime_checkable
@@ -34,8 +34,8 @@ class StrategyExtended(Protocol):
     input_mode: "InputMode"
     """What each rank's data is (`modes.interfaces.InputMode`)."""
 
-    optimizer_state: "OptimizerStateMode"
-    """Where the optimizer state lives (`modes.interfaces.OptimizerStateMode`)."""
+    placement: "Placement"
+    """Where every variable lives (`modes.interfaces.Placement`)."""
 
     updates: "UpdateMode"
     """How a step's gradients reach the weights (`modes.interfaces.UpdateMode`)."""
@@ -92,6 +92,9 @@ class StrategyExtended(Protocol):
     def replica_context(self) -> contextlib.AbstractContextManager:
         """This process's replica context (outside a step its `all_reduce` sums over the ranks
         through the strategy's gradient path)."""
+
+    def placement_context(self) -> "PlacementContext":
+        """The narrow view of this strategy a placement reads when an optimizer is built."""
 
     def rank_local_variables(self) -> contextlib.AbstractContextManager:
         """Variables created inside are this rank's own from the start (not broadcast: a

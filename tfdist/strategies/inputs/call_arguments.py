@@ -17,7 +17,7 @@ Cost: a hash per argument, once per call.
 import hashlib
 
 # The callbacks that save the optimizer state, where the optimizer-state mode compares them
-# (`OptimizerStateMode.state_savers`: a sharded state needs every rank's slices in the file).
+# (`Placement.state_savers`: a sharded state needs every rank's slices in the file).
 STATE_SAVERS = "checkpoint callbacks of a sharded optimizer state"
 
 # The call each epoch iterator belongs to, and the arguments compared (the order is fixed).

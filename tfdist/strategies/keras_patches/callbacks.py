@@ -160,7 +160,7 @@ def _for_non_chief(callbacks, strategy):
     optimizer state is sharded (its `model.save` gives the chief this rank's slices), or the
     job spans hosts (its `model.save` gives this host the chief's file: `chief_saves`)."""
     own_state = (rank_state.keeps_rank_state(strategy)
-                 or strategy.extended.optimizer_state.every_rank_saves
+                 or strategy.extended.placement.every_rank_saves
                  or strategy.extended.chief_saves is not None)
     return [callback for callback in (keras.tree.flatten(callbacks) if callbacks else [])
             if not isinstance(callback, _CHIEF_ONLY_WRITERS)

@@ -260,7 +260,7 @@ def _install_call_recording():
             arguments = dict(bound.arguments, steps_per_execution=self.steps_per_execution)
             arguments.pop("kwargs", None)
             arguments[call_arguments.STATE_SAVERS] = (
-                self._distribute_strategy.extended.optimizer_state.state_savers(
+                self._distribute_strategy.extended.placement.state_savers(
                     arguments.get("callbacks")))
             try:
                 with fit_session.running(self, _name,

@@ -84,7 +84,7 @@ def _made_global(step, target, sources, gradients):
     flat_gradients = tf.nest.flatten(gradients)
     if len(flat_sources) != len(flat_gradients):
         return gradients  # a composite source: left as TensorFlow gives it
-    placement = strategy.extended.optimizer_state  # a sharded parameter's: global already
+    placement = strategy.extended.placement  # a sharded parameter's: global already
     chosen = [i for i, (s, g) in enumerate(zip(flat_sources, flat_gradients))
               if g is not None and _is_variable(s) and not placement.reduced_in_backward(s)]
     if not chosen:

@@ -54,7 +54,7 @@ def _made_global(step, strategy, optimizer, grads, variables, scatter_to):
     """An immediate `apply`'s gradients made global: summed over the ranks now, but for those a
     tape of this step made global already (`gradient_tape`: passed as they are)."""
     paired = len(variables) == len(grads)
-    placement = strategy.extended.optimizer_state
+    placement = strategy.extended.placement
 
     def made_global(variable):  # by a tape of this step, or in the backward pass
         return step.global_at_tape(variable) or placement.reduced_in_backward(variable)
@@ -119,7 +119,7 @@ def install():
             if step is None:
                 builder = _built_under.get(self)  # in any scope: a sharded state is refused
                 if builder is not None:
-                    builder.extended.optimizer_state.refuse_local_gradients(self)
+                    builder.extended.placement.refuse_local_gradients(self)
                 if strategy is None:
                     return original(self, grads, trainable_variables)
                 if tf.distribute.in_cross_replica_context():
@@ -137,10 +137,10 @@ def install():
             if step.plan.updates == REMOTE:  # asynchronous: the servers apply
                 return strategy.extended.push_gradients(
                     self, grads, variables, weighted_in_loss=step.loss_was_weighted_for(self))
-            scatter_to = strategy.extended.optimizer_state.scatter_target(self)
+            scatter_to = strategy.extended.placement.scatter_target(self)
             if step.plan.updates == DEFERRED:  # summed with the step's state at its end
                 paired = len(variables) == len(grads)
-                placement = strategy.extended.optimizer_state
+                placement = strategy.extended.placement
                 step.defer_update(replica_step.DeferredUpdate(
                     tuple(grads),
                     tuple(variables) if paired else None,
@@ -159,7 +159,7 @@ def install():
             strategy = _tfdist_strategy()
             if strategy is None:
                 return original(self, grads, trainable_variables)
-            return strategy.extended.optimizer_state.apply(self, original, grads,
+            return strategy.extended.placement.apply(self, original, grads,
                                                            trainable_variables)
 
         return apply
@@ -185,8 +185,9 @@ def install():
                 return original(self, variables)
             _refuse_created_elsewhere(self, strategy)
             _built_under[self] = strategy
-            state = strategy.extended.optimizer_state
-            state.begin_build(self, list(variables), strategy.extended)  # before any slot
+            state = strategy.extended.placement
+            state.begin_build(self, list(variables),  # before any slot
+                              strategy.extended.placement_context())
             original(self, variables)
             state.end_build(self)
             strategy.extended.build_aggregator_state(self, list(variables))

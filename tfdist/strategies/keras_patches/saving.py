@@ -128,7 +128,7 @@ def install():
                 return _original(self, *args, **kwargs)
             filepath = _filepath(args, kwargs)
             rank_state.save(self, filepath, strategy)
-            with strategy.extended.optimizer_state.consolidated(self):  # a sharded state, whole
+            with strategy.extended.placement.consolidated(self):  # a sharded state, whole
                 return _on_the_chief(self, f"Model.{_name}", filepath, lambda before_rename: (
                     save_model_atomically(_original, self, *args, before_rename=before_rename,
                                           **kwargs)))

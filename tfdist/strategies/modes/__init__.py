@@ -3,16 +3,18 @@
 * the input (`InputMode`): `GlobalBatchInput` - every rank passes the same
   global data and takes its slice - or `PerRankInput` - each rank's data is
   its own (Horovod's semantics: `tfdist.horovod`);
-* the optimizer's state (`OptimizerStateMode`): `ReplicatedOptimizerState`
-  - whole on every rank - or `ShardedOptimizerState` - 1/P on each (ZeRO
-  stage 1);
+* the placement (`Placement`): where every variable lives (`layout`: whole,
+  this rank's slice, or the rank's own) - `ReplicatedOptimizerState`
+  (everything whole on every rank), `ShardedOptimizerState` and
+  `ShardedGradients` (the optimizer state 1/P on each: ZeRO stages 1 and 2),
+  `ShardedParameters` (the parameters too: stage 3);
 * the update (`UpdateMode`): `SynchronousUpdates` - every rank in every
   step - or `AsynchronousUpdates` - workers push to parameter servers that
   apply as gradients arrive.
 
-The public strategies' arguments (`per_rank_input`, `shard_optimizer_state`,
+The public strategies' arguments (`per_rank_input`, `sharding`,
 `ParameterServerStrategy(mode=...)`) choose them here and nowhere else; the
-strategy's core holds them as `extended.input_mode`, `extended.optimizer_state`
+strategy's core holds them as `extended.input_mode`, `extended.placement`
 and `extended.updates`, and everything else calls their declared members
 (`modes.interfaces`) without asking which mode it is.
 """
@@ -21,7 +23,7 @@ import dataclasses
 
 from tfdist.strategies.modes.asynchronous_updates import AsynchronousUpdates
 from tfdist.strategies.modes.global_batch_input import GlobalBatchInput
-from tfdist.strategies.modes.interfaces import InputMode, OptimizerStateMode, UpdateMode
+from tfdist.strategies.modes.interfaces import InputMode, Placement, UpdateMode
 from tfdist.strategies.modes.per_rank_input import PerRankInput
 from tfdist.strategies.modes.replicated_state import ReplicatedOptimizerState
 from tfdist.strategies.modes.sharded_parameters import ShardedParameters
@@ -34,7 +36,7 @@ class Modes:
     """The three mode objects of one strategy."""
 
     input: InputMode
-    optimizer_state: OptimizerStateMode
+    placement: Placement
     updates: UpdateMode
 
 
@@ -47,8 +49,8 @@ SHARDINGS = {None: ReplicatedOptimizerState, "optimizer": ShardedOptimizerState,
              "gradients": ShardedGradients, "parameters": ShardedParameters}
 
 
-def optimizer_state(shard_optimizer_state=False, sharding=None):
-    """The placement (`OptimizerStateMode`) of `RingAllReduceStrategy(sharding=...)`: None
+def placement(shard_optimizer_state=False, sharding=None):
+    """The placement (`Placement`) of `RingAllReduceStrategy(sharding=...)`: None
     (everything whole on every rank), "optimizer" (ZeRO stage 1), "gradients" (stage 2) or
     "parameters" (stage 3); `shard_optimizer_state=True` is `sharding="optimizer"`."""
     if shard_optimizer_state:
@@ -65,14 +67,14 @@ def choose(per_rank_input=False, optimizer_state_mode=None, updates=None):
     """The `Modes` of a strategy: the input of `per_rank_input`, and the optimizer-state and
     update modes given (default: replicated, synchronous)."""
     return Modes(input=input_mode(per_rank_input),
-                 optimizer_state=(optimizer_state_mode if optimizer_state_mode is not None
+                 placement=(optimizer_state_mode if optimizer_state_mode is not None
                                   else ReplicatedOptimizerState()),
                  updates=updates if updates is not None else SynchronousUpdates())
 
 
-__all__ = ["SHARDINGS", "ShardedGradients", "ShardedParameters", "AsynchronousUpdates", "GlobalBatchInput", "InputMode", "Modes", "OptimizerStateMode",
+__all__ = ["SHARDINGS", "ShardedGradients", "ShardedParameters", "AsynchronousUpdates", "GlobalBatchInput", "InputMode", "Modes", "Placement",
            "PerRankInput", "ReplicatedOptimizerState", "ShardedOptimizerState",
-           "SynchronousUpdates", "UpdateMode", "choose", "input_mode", "optimizer_state",
+           "SynchronousUpdates", "UpdateMode", "choose", "input_mode", "placement",
            "replicated_state_only"]
 
 

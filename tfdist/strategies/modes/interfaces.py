@@ -6,7 +6,7 @@ construction (`tfdist.strategies.modes.choose`) and fixed for its life:
 | interface | implementations | chosen by |
 |---|---|---|
 | `InputMode`: what a rank's data is | `GlobalBatchInput` (default), `PerRankInput` | `per_rank_input` |
-| `OptimizerStateMode`: where the optimizer state lives | `ReplicatedOptimizerState` (default), `ShardedOptimizerState` | `shard_optimizer_state` |
+| `Placement`: where every variable lives (`layout`) | `ReplicatedOptimizerState` (default), `ShardedOptimizerState`, `ShardedGradients`, `ShardedParameters` | `RingAllReduceStrategy(sharding=...)` |
 | `UpdateMode`: how a step's gradients reach the weights | `SynchronousUpdates` (default), `AsynchronousUpdates` | `ParameterServerStrategy(mode="async")` |
 
 The strategy's core (`DataParallelExtended`), the Keras patches, the
@@ -17,7 +17,11 @@ outside the implementations names a mode's flag.
 """
 
 import contextlib
-from typing import Any, Callable, List, Optional, Protocol, Sequence, runtime_checkable
+import dataclasses
+from typing import (Any, Callable, ContextManager, List, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
+
+from tfdist.strategies.modes.layout import Layout
 
 
 @runtime_checkable
@@ -82,9 +86,29 @@ class InputMode(Protocol):
         `strategy.run`): applied as given, or refused."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PlacementContext:
+    """What a placement reads of its strategy when an optimizer is built: a narrow view of the
+    strategy's core, not the core (`DataParallelExtended.placement_context`)."""
+
+    communicator: Any
+    """The strategy's `tfdist.comm.base.Communicator`."""
+    bucket_bytes: Optional[Tuple[int, int]]
+    """The aggregator's (gradient bucket, first bucket) in bytes: a sharded state's partition
+    follows the buckets the step reduces (None: one group per dtype)."""
+    rank_local_variables: Callable[[], ContextManager]
+    """A scope in which variables are created with this rank's own initial value."""
+    counters: Any
+    """The process's `CommunicationCounters` (what a sharded update moves is counted)."""
+
+
 @runtime_checkable
-class OptimizerStateMode(Protocol):
-    """Where the optimizer's state lives: whole on every rank, or 1/P of it on each."""
+class Placement(Protocol):
+    """Where every variable lives - whole on every rank, a slice of it on this rank, or the
+    rank's own (`layout`) - decided where it is created and consulted where its gradient is
+    reduced, where it is applied, compared across ranks, saved, loaded and backed up. One
+    object per strategy, from `RingAllReduceStrategy(sharding=...)`, as FSDP's one
+    `ShardingStrategy` value; its answer per variable is Keras' `TensorLayout`'s role."""
 
     every_rank_saves: bool
     """A checkpoint needs every rank (each holds a part of the state): non-chief ranks keep
@@ -98,6 +122,10 @@ class OptimizerStateMode(Protocol):
         """Where a variable being created lives: `create(kwargs)` makes it whole; a
         placement that shards parameters creates this rank's slice of a parameter."""
 
+    def layout(self, variable: Any) -> Layout:
+        """Where `variable` lives on this rank (`modes.layout`): `WHOLE`, `SLICE` (which
+        elements of the flattened whole) or `OWN`."""
+
     def reduced_in_backward(self, variable: Any) -> bool:
         """True if `variable`'s gradient is global when the backward pass produced it (a
         sharded parameter's, reduce-scattered there): the step sums it no more."""
@@ -105,7 +133,8 @@ class OptimizerStateMode(Protocol):
     def check_compression(self, compression_name: str, rank: int) -> None:
         """A clear error for a gradient compression this mode cannot go with."""
 
-    def begin_build(self, optimizer: Any, variables: Sequence, extended: Any) -> None:
+    def begin_build(self, optimizer: Any, variables: Sequence,
+                    context: PlacementContext) -> None:
         """Keras is building `optimizer` for `variables` (before any slot exists)."""
 
     def end_build(self, optimizer: Any) -> None:
@@ -122,8 +151,8 @@ class OptimizerStateMode(Protocol):
         """A clear error if `optimizer` cannot apply gradients outside a step."""
 
     def rank_local_slots(self, model: Any) -> list:
-        """Optimizer variables of `model` that hold this rank's part only (not compared,
-        not broadcast)."""
+        """Optimizer variables of `model` laid out as this rank's `SLICE` (`layout.sliced`):
+        not compared, not broadcast, backed up per rank."""
 
     def consolidated(self, model: Any) -> contextlib.AbstractContextManager:
         """Inside: `model`'s whole optimizer state is on this rank, for a save (every rank
@@ -204,7 +233,7 @@ class UpdateMode(Protocol):
         """What the staleness callbacks read (the asynchronous client), or None."""
 
 
-INTERFACES = (InputMode, OptimizerStateMode, UpdateMode)
+INTERFACES = (InputMode, Placement, UpdateMode)
 
 
 def members(interface) -> tuple:

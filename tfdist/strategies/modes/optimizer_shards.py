@@ -320,9 +320,14 @@ def model_shards(model) -> List[OptimizerShards]:
     return [shards_of(o) for o in optimizers_of(model) if shards_of(o) is not None]
 
 
-def sharded_slots(model) -> list:
-    """The slots of `model`'s optimizers that hold this rank's slices only."""
-    return [slot for shards in model_shards(model) for slot in shards.slots.all()]
+def slot_range(variable):
+    """(the parameter's whole shape, (start, stop)) of a slot that holds this rank's slice of
+    its parameter, else None."""
+    for shards in list(_SHARDS.values()):
+        index = shards.slots.index_of(variable)
+        if index is not None:
+            return tuple(shards.variables[index].shape), shards.ranges[index]
+    return None
 
 
 @contextlib.contextmanager

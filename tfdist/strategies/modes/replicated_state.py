@@ -9,6 +9,8 @@ every rank (`ShardedOptimizerState` keeps s / P).
 
 import contextlib
 
+from tfdist.strategies.modes import layout
+
 
 class ReplicatedOptimizerState:
     """Whole optimizer state on every rank; see the module docstring."""
@@ -20,6 +22,9 @@ class ReplicatedOptimizerState:
         del communicator
         return create(kwargs)
 
+    def layout(self, variable):
+        return layout.whole_or_own(variable)
+
     def reduced_in_backward(self, variable):
         del variable
         return False
@@ -27,8 +32,8 @@ class ReplicatedOptimizerState:
     def check_compression(self, compression_name, rank):
         del compression_name, rank  # any compression
 
-    def begin_build(self, optimizer, variables, extended):
-        del optimizer, variables, extended
+    def begin_build(self, optimizer, variables, context):
+        del optimizer, variables, context
 
     def end_build(self, optimizer):
         del optimizer
@@ -44,8 +49,7 @@ class ReplicatedOptimizerState:
         del optimizer
 
     def rank_local_slots(self, model):
-        del model
-        return []
+        return layout.sliced(model, self)  # none
 
     def consolidated(self, model):
         del model

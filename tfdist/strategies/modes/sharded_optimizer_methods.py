@@ -140,8 +140,9 @@ def _check_finite_over_ranks(optimizer, shards):
                                      functools.wraps(check_finite)(check_finite_over_ranks))
 
 
-def install_on(optimizer, shards, extended):
-    """The per-object overrides of the module docstring, on `optimizer` (sharded as `shards`)."""
+def install_on(optimizer, shards, rank_local_variables):
+    """The per-object overrides of the module docstring, on `optimizer` (sharded as `shards`;
+    `rank_local_variables`: the scope in which a slot takes this rank's own initial value)."""
     cls = type(optimizer)
 
     def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):
@@ -149,7 +150,7 @@ def install_on(optimizer, shards, extended):
         if shape is None:
             return cls.add_variable_from_reference(optimizer, reference_variable, name=name,
                                                    initializer=initializer)
-        with extended.rank_local_variables(), \
+        with rank_local_variables(), \
                 shards.slots.creating(reference_variable) as created:
             slot = BaseOptimizer.add_variable_from_reference(
                 optimizer, _SliceReference(reference_variable, shape), name=name,

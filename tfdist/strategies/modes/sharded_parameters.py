@@ -28,7 +28,7 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdist.strategies.modes import optimizer_shards
+from tfdist.strategies.modes import layout, optimizer_shards
 from tfdist.strategies.modes import parameter_shards
 from tfdist.strategies.modes import sharded_optimizer_methods
 from tfdist.strategies.modes.sharded_state import ShardedOptimizerState
@@ -53,6 +53,13 @@ class ShardedParameters(ShardedOptimizerState):
         kwargs.pop("shape", None)
         return parameter_shards.make_sharded(create(kwargs), shard)
 
+    def layout(self, variable):
+        """A sharded parameter (its Keras variable or its storage): this rank's range."""
+        shard = parameter_shards.shard_of(variable)
+        if shard is None:
+            return super().layout(variable)
+        return layout.sliced_layout(shard.shape.as_list(), shard.start, shard.stop)
+
     def reduced_in_backward(self, variable):
         return parameter_shards.shard_of(variable) is not None
 
@@ -70,10 +77,10 @@ class ShardedParameters(ShardedOptimizerState):
         super().share_loaded(model, root)
         parameter_shards.share_loaded(model, root)
 
-    def begin_build(self, optimizer, variables, extended):
+    def begin_build(self, optimizer, variables, context):
         storage = [parameter_shards.storage_of(v) for v in variables]
         if not parameter_shards.shards_placed(variables):
-            super().begin_build(optimizer, variables, extended)  # none placed: stage 1's
+            super().begin_build(optimizer, variables, context)  # none placed: stage 1's
             return
         if optimizer_shards.shards_of(optimizer) is not None or _wraps_another(optimizer):
             return
@@ -81,18 +88,18 @@ class ShardedParameters(ShardedOptimizerState):
                  if parameter_shards.shard_of(v) is None]
         if whole:
             raise ValueError(
-                f"tfdist rank {extended.communicator.rank}: sharding='parameters' applies "
+                f"tfdist rank {context.communicator.rank}: sharding='parameters' applies "
                 f"{optimizer.name} to variables that are not sharded parameters ({whole}): "
                 "create the model's variables under strategy.scope(); a trainable scalar "
                 "(one element, never cut) cannot be trained with the parameters sharded - "
                 "give it shape (1,).")
         sharded_optimizer_methods.check_shardable(optimizer, variables,
-                                                  extended.communicator.rank)
+                                                  context.communicator.rank)
         shards = optimizer_shards.OptimizerShards(
-            variables, extended.communicator, extended.rank_local_variables,
-            counters=extended.communication_counters, parameter_storage=storage)
+            variables, context.communicator, context.rank_local_variables,
+            counters=context.counters, parameter_storage=storage)
         optimizer_shards.register(optimizer, shards)
-        sharded_optimizer_methods.install_on(optimizer, shards, extended)
+        sharded_optimizer_methods.install_on(optimizer, shards, context.rank_local_variables)
 
 
 

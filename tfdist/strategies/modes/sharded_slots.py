@@ -59,6 +59,11 @@ class ShardedSlots:
     def holds(self, variable) -> bool:
         return id(variable) in self._slots
 
+    def index_of(self, slot) -> Optional[int]:
+        """The index (in `shards.variables`) of the parameter whose slice `slot` holds."""
+        entry = self._slots.get(id(slot))
+        return None if entry is None else entry[1]
+
     def remember(self, slot, reference, created=()) -> None:
         """`slot` (a Keras variable) holds this rank's slice of model variable `reference`;
         `created`: the TensorFlow variables made for it (`creating`)."""

@@ -23,7 +23,7 @@ registry (optimizer -> `OptimizerShards`), not on the optimizer.
 
 import keras
 
-from tfdist.strategies.modes import sharded_optimizer_methods
+from tfdist.strategies.modes import layout, sharded_optimizer_methods
 from tfdist.strategies.modes import optimizer_shards
 from tfdist.strategies.keras_surface.keras_internals import LossScaleOptimizer
 
@@ -42,6 +42,14 @@ class ShardedOptimizerState:
         del communicator
         return create(kwargs)  # parameters whole
 
+    def layout(self, variable):
+        """An optimizer slot of a sharded optimizer: this rank's range of its parameter."""
+        found = optimizer_shards.slot_range(variable)
+        if found is None:
+            return layout.whole_or_own(variable)
+        shape, (start, stop) = found
+        return layout.sliced_layout(shape, start, stop)
+
     def reduced_in_backward(self, variable):
         del variable
         return False  # summed by the step (reduce-scattered where the engine can)
@@ -55,20 +63,18 @@ class ShardedOptimizerState:
                 "update one process makes; use compression=None or 'fp16', or "
                 "shard_optimizer_state=False.")
 
-    def begin_build(self, optimizer, variables, extended):
+    def begin_build(self, optimizer, variables, context):
         """Shard `optimizer`'s state before Keras creates any slot (not a LossScaleOptimizer,
         whose inner optimizer is sharded; nothing with one process)."""
-        if (extended.communicator.world_size == 1 or isinstance(optimizer, LossScaleOptimizer)
+        if (context.communicator.world_size == 1 or isinstance(optimizer, LossScaleOptimizer)
                 or optimizer_shards.shards_of(optimizer) is not None):
             return
-        sharded_optimizer_methods.check_shardable(optimizer, variables, extended.communicator.rank)
-        aggregator = extended.aggregator
+        sharded_optimizer_methods.check_shardable(optimizer, variables, context.communicator.rank)
         shards = optimizer_shards.OptimizerShards(
-            variables, extended.communicator, extended.rank_local_variables,
-            buckets=(aggregator.bucket_bytes, aggregator.first_bucket_bytes),
-            counters=extended.communication_counters)
+            variables, context.communicator, context.rank_local_variables,
+            buckets=context.bucket_bytes, counters=context.counters)
         optimizer_shards.register(optimizer, shards)
-        sharded_optimizer_methods.install_on(optimizer, shards, extended)
+        sharded_optimizer_methods.install_on(optimizer, shards, context.rank_local_variables)
 
     def end_build(self, optimizer):
         sharded_optimizer_methods.end_build(optimizer)
@@ -90,7 +96,7 @@ class ShardedOptimizerState:
                 "strategy.run(...) (or fit), where they are summed over the ranks first.")
 
     def rank_local_slots(self, model):
-        return optimizer_shards.sharded_slots(model)
+        return layout.sliced(model, self)
 
     def consolidated(self, model):
         return optimizer_shards.consolidated(model)

@@ -81,7 +81,7 @@ class SynchronousUpdates:
 
     def check_same_data(self, num_batches, fingerprint=None, signature=None):
         extended = self._extended
-        check_same_data(extended.communicator, extended.input_mode, extended.optimizer_state,
+        check_same_data(extended.communicator, extended.input_mode, extended.placement,
                         num_batches, fingerprint, signature)
 
     def epoch_data_scope(self, training):

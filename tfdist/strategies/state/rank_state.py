@@ -58,6 +58,11 @@ def rank_own_variables(model):
     return found
 
 
+def is_rank_own(variable) -> bool:
+    """True if `variable` is some optimizer's rank-own state (`remember`)."""
+    return any(v is variable for variables in list(_RANK_OWN.values()) for v in variables)
+
+
 def state_path(filepath, rank):
     """Where rank `rank` keeps its own state for the checkpoint at `filepath`."""
     return f"{os.fspath(filepath)}.tfdist-rank{rank}.npz"

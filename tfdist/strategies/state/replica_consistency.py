@@ -56,7 +56,7 @@ def compared_variables(model) -> list:
     own = {id(v) for v in rank_state.rank_own_variables(model)}
     strategy = tfdist_strategy(model)
     if strategy is not None:
-        own |= {id(v) for v in strategy.extended.optimizer_state.rank_local_slots(model)}
+        own |= {id(v) for v in strategy.extended.placement.rank_local_slots(model)}
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.weights)
     if optimizer is not None and getattr(optimizer, "built", False):

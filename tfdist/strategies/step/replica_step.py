@@ -260,7 +260,7 @@ class DeferredUpdate:
         scatter_to: the `OptimizerShards` of a sharded optimizer that takes its
             gradients reduce-scattered (this rank's slices), or None.
         global_already: per gradient, True if it was made global in the backward pass
-            (a sharded parameter's: `OptimizerStateMode.reduced_in_backward`).
+            (a sharded parameter's: `Placement.reduced_in_backward`).
     """
 
     gradients: tuple
