@@ -47,14 +47,17 @@ def plain_run(tmp_path_factory):
                                   "tfdata-unseeded")
 
 
+# sharding="parameters": each rank's backup holds its slices, resharded at 2 and at 3 (make
+# test-all; the in-process tier resumes a stage-3 backup of 3 ranks at 2).
+@pytest.mark.parametrize("strategy", ["ring", pytest.param("parameters", marks=pytest.mark.slow)])
 def test_a_killed_rank_shrinks_the_job_returned_capacity_grows_it_and_it_ends_exactly(
-        tmp_path, plain_run):
+        tmp_path, plain_run, strategy):
     slots = tmp_path / "slots"
     slots.write_text("localhost:3\n")
     out = str(tmp_path / "resumed")
     job = start_job("tfdist-run", 3,
                     [script("resume_mid_epoch.py"), out, str(tmp_path / "backup"),
-                     "--strategy", "ring", "--input", "tfdata-unseeded", "--backup-per-rank",
+                     "--strategy", strategy, "--input", "tfdata-unseeded", "--backup-per-rank",
                      "--announce", "--pause-after", f"{STOP_AT_STEP}:4"],
                     run_timeout=RUN_TIMEOUT,
                     launcher=["--min-np", "2", "--host-discovery-script", f"cat {slots}",

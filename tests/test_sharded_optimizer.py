@@ -157,6 +157,17 @@ def test_every_case_as_four_processes(plain, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.horovod
+def test_parameters_sharded_on_horovods_engine_equal_the_plain_script(plain, tmp_path):
+    """sharding="parameters" under horovodrun ("auto": Horovod's engine, its reduce-scatter in
+    the backward pass and its all-gather where a layer reads a parameter), every case."""
+    cases = every_case()
+    assert_like_plain(plain(cases)[0], sharded_run(tmp_path, 3, cases, ["--backend", "auto"],
+                                                   launcher=horovodrun, strategy="parameters"),
+                      per_variable=True)
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
 def test_horovods_engine_with_a_bucket_per_variable_equals_the_plain_script(plain, tmp_path):
     """Under horovodrun, "auto" takes Horovod's engine, which reduce-scatters the gradients;
     with a bucket per variable each rank owns nothing of some buckets (its part is padding)

@@ -21,6 +21,7 @@ import pytest
 from helpers import assert_ranks_match_reference, assert_same_keras_file_arrays
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import real_world  # noqa: E402  pylint: disable=wrong-import-position
 import resume_mid_epoch  # noqa: E402  pylint: disable=wrong-import-position
 import sharded_optimizer  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -109,6 +110,33 @@ def test_parameter_sharded_training_equals_the_plain_script(name, tmp_path):
         for file in ("best.keras", "model.keras", "model.weights.h5"):
             assert_same_keras_file_arrays(tmp_path / "plain" / file,
                                           tmp_path / "parameters" / file)
+
+
+# real_world.py's scripts (keras.io's and the TF guide's shapes) with the parameters sharded at
+# 3 ranks: synchronized BatchNorm on uneven and empty slices, a layer's own state under
+# each aggregation, keras.io's transfer learning (a frozen base, then fine-tuned: a sharded
+# parameter turned trainable after the first compile), its Transformer classifier, and
+# losses whose denominator is not the row count.
+REAL_WORLD_SHARDED = ("sync_batchnorm", "layer_state_aggregations", "transfer_learning",
+                      "transformer_classifier", "loss_reductions")
+
+
+@pytest.mark.parametrize("name", [  # make test-all: the Transformer (24 s) and the losses (15 s)
+    pytest.param(name, marks=[pytest.mark.slow] if name in ("transformer_classifier",
+                                                            "loss_reductions") else [])
+    for name in REAL_WORLD_SHARDED])
+def test_real_world_scripts_train_like_the_plain_script_with_the_parameters_sharded(
+        name, tmp_path):
+    case = real_world.CASES[name]
+    real_world.WORKDIR[0] = str(tmp_path / "plain")
+    os.makedirs(real_world.WORKDIR[0])
+    reference = case(sharded_optimizer.make_strategy("plain"))
+    real_world.WORKDIR[0] = str(tmp_path / "ranks")
+    os.makedirs(real_world.WORKDIR[0])
+    ranks = simulate_processes(3, lambda rank: case(sharded_optimizer.make_strategy(
+        "parameters")))
+    assert_ranks_match_reference(reference, ranks, lambda key: (RTOL, ATOL),
+                                 "the plain script")
 
 
 def test_recomputed_layers_replay_their_state():
