@@ -257,12 +257,62 @@ def test_the_placement_answers_where_each_variable_lives(sharding, compression):
         assert ends[-1] == pieces[0][2], (path, pieces)
 
 
+def _convnet_weights(strategy):
+    """keras.io's "Simple MNIST convnet" at a small size: two convolutions with ReLU, max
+    pooling, Adam, two epochs; its weights."""
+    rng = np.random.default_rng(5)
+    x = rng.uniform(size=(96, 12, 12, 1)).astype("float32")
+    y = keras.utils.to_categorical((x[:, 4:8, 4:8, 0].mean(axis=(1, 2)) * 10).astype(int) % 10,
+                                   10)
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([
+            keras.Input((12, 12, 1)), keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.MaxPooling2D(), keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax")])
+        model.compile(loss="categorical_crossentropy", optimizer="adam")
+    model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_reshard_after_forward_chooses_recomputation(monkeypatch, reshard):
+    """FSDP's `reshard_after_forward`: True recomputes the convolutions in the backward pass
+    (their gathered kernels do not live until then); False keeps them, and the weights are
+    the unsharded strategy's bit for bit. Both within float tolerance of it."""
+    from tfdist.strategies.modes import parameter_recompute  # pylint: disable=import-outside-toplevel
+
+    recomputed = []
+    original = parameter_recompute.call_recomputed
+    monkeypatch.setattr(parameter_recompute, "call_recomputed",
+                        lambda layer, *rest: recomputed.append(layer.name) or original(
+                            layer, *rest))
+    unsharded = simulate_processes(2, lambda rank: _convnet_weights(
+        tfdist.strategies.RingAllReduceStrategy()))[0]
+    ranks = simulate_processes(2, lambda rank: _convnet_weights(
+        tfdist.strategies.RingAllReduceStrategy(sharding="parameters",
+                                                reshard_after_forward=reshard)))
+    assert bool(recomputed) == reshard, recomputed
+    for weights in ranks:
+        for mine, reference in zip(weights, unsharded):
+            if reshard:
+                np.testing.assert_allclose(mine, reference, rtol=RTOL, atol=ATOL)
+            else:
+                np.testing.assert_array_equal(mine, reference)
+
+
 def test_sharding_values_are_checked():
     with pytest.raises(ValueError, match="sharding must be one of"):
         tfdist.strategies.modes.placement(sharding="params")
     with pytest.raises(ValueError, match="give sharding alone"):
         tfdist.strategies.modes.placement(True, "parameters")
     assert tfdist.strategies.modes.placement(True).sharding == "optimizer"
+    with pytest.raises(ValueError, match="reshard_after_forward applies to sharding='param"):
+        tfdist.strategies.modes.placement(sharding="optimizer", reshard_after_forward=False)
+    assert tfdist.strategies.modes.placement(sharding="parameters").reshard_after_forward
+    assert not tfdist.strategies.modes.placement(
+        sharding="parameters", reshard_after_forward=False).reshard_after_forward
 
 
 def tf_default_strategy():

@@ -109,6 +109,12 @@ class RingAllReduceStrategy(DataParallelStrategy):
             for models whose parameters, gradients and state do not fit one process:
             `tfdist.strategies.modes.parameter_shards`). Training, evaluation and saved
             files equal the unsharded strategy's.
+        reshard_after_forward: with sharding="parameters", as FSDP's: True (default) - a
+            layer that owns parameters and no state is recomputed in the backward pass, so
+            its gathered parameters do not live until then (one more forward pass and
+            gather; the recomputed gradients differ from the forward's in rounding, which
+            Adam can grow on near-zero gradients); False - they live until the backward
+            pass (more memory; gradients bit for bit the unsharded strategy's).
 
     Example:
 
@@ -127,8 +133,10 @@ class RingAllReduceStrategy(DataParallelStrategy):
                  compression: Union[str, Compressor, None] = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  implementation: str = "auto", per_rank_input: bool = False,
-                 shard_optimizer_state: bool = False, sharding: Optional[str] = None):
-        placement = modes.placement(shard_optimizer_state, sharding)  # checked first
+                 shard_optimizer_state: bool = False, sharding: Optional[str] = None,
+                 reshard_after_forward: Optional[bool] = None):
+        placement = modes.placement(shard_optimizer_state, sharding,  # checked first
+                                    reshard_after_forward)
         self.sharding = placement.sharding
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.backend, why = resolve_backend(backend, self.fusion_threshold_bytes)

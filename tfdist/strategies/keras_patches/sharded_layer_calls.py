@@ -45,13 +45,15 @@ def _holds_state(layer) -> bool:
 
 
 def _owns_sharded_parameters(layer) -> bool:
-    """The layer's own trainable variables include sharded parameters; a recurrent layer's
+    """The layer's own trainable variables include sharded parameters placed to be resharded
+    after the forward pass (`reshard_after_forward`, the default); a recurrent layer's
     cell counts as its own (the cell runs inside the recurrence's loop, where a recomputed
     call cannot be traced: the whole recurrence is recomputed instead)."""
     own = list(getattr(layer, "_trainable_variables", ()))
     if isinstance(layer, keras.layers.RNN):
         own += list(getattr(layer.cell, "trainable_variables", ()))
-    return any(parameter_shards.shard_of(v) is not None for v in own)
+    return any(getattr(parameter_shards.shard_of(v), "reshard_after_forward", False)
+               for v in own)
 
 
 def _install():

@@ -49,10 +49,14 @@ SHARDINGS = {None: ReplicatedOptimizerState, "optimizer": ShardedOptimizerState,
              "gradients": ShardedGradients, "parameters": ShardedParameters}
 
 
-def placement(shard_optimizer_state=False, sharding=None):
+def placement(shard_optimizer_state=False, sharding=None, reshard_after_forward=None):
     """The placement (`Placement`) of `RingAllReduceStrategy(sharding=...)`: None
     (everything whole on every rank), "optimizer" (ZeRO stage 1), "gradients" (stage 2) or
-    "parameters" (stage 3); `shard_optimizer_state=True` is `sharding="optimizer"`."""
+    "parameters" (stage 3); `shard_optimizer_state=True` is `sharding="optimizer"`;
+    `reshard_after_forward` (stage 3 only, default True) as FSDP's."""
+    if reshard_after_forward is not None and sharding != "parameters":
+        raise ValueError(f"reshard_after_forward applies to sharding='parameters' (the "
+                         f"parameters gathered for a layer), not to sharding={sharding!r}.")
     if shard_optimizer_state:
         if sharding not in (None, "optimizer"):
             raise ValueError(f"shard_optimizer_state=True is sharding='optimizer'; it cannot "
@@ -60,6 +64,8 @@ def placement(shard_optimizer_state=False, sharding=None):
         sharding = "optimizer"
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding must be one of {tuple(SHARDINGS)}. Got: {sharding!r}")
+    if sharding == "parameters":
+        return ShardedParameters(reshard_after_forward is not False)
     return SHARDINGS[sharding]()
 
 

@@ -89,8 +89,9 @@ def _reading_raw() -> bool:
 class ParameterShard:
     """Where one sharded parameter lives: its whole shape and this rank's range."""
 
-    def __init__(self, shape, dtype, communicator):
+    def __init__(self, shape, dtype, communicator, reshard_after_forward=True):
         self.shape = tf.TensorShape(shape)
+        self.reshard_after_forward = reshard_after_forward  # its layer is recomputed
         self.dtype = tf.as_dtype(dtype)
         self.elements = int(np.prod(self.shape.as_list())) if self.shape.rank else 1
         self.world_size = communicator.world_size

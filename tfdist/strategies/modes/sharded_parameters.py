@@ -39,6 +39,12 @@ class ShardedParameters(ShardedOptimizerState):
 
     sharding = "parameters"
 
+    def __init__(self, reshard_after_forward=True):
+        # True: a layer owning sharded parameters (and no state) is recomputed in the backward
+        # pass, so its gathered parameters do not live until then (FSDP's
+        # `reshard_after_forward`); False: they live, and the backward pass is the forward's.
+        self.reshard_after_forward = bool(reshard_after_forward)
+
     def create(self, create, kwargs, communicator):
         if communicator.world_size == 1 or not _is_parameter(kwargs):
             return create(kwargs)
@@ -48,7 +54,8 @@ class ShardedParameters(ShardedOptimizerState):
                                          dtype=kwargs.get("dtype"))
         if whole.shape.rank == 0:  # one element, not cut: an optimizer's own trainable
             return create(dict(kwargs, initial_value=whole))  # scalar (Nadam's u_product)
-        shard = parameter_shards.ParameterShard(whole.shape, whole.dtype, communicator)
+        shard = parameter_shards.ParameterShard(whole.shape, whole.dtype, communicator,
+                                                self.reshard_after_forward)
         kwargs = dict(kwargs, initial_value=shard.local_part(whole))
         kwargs.pop("shape", None)
         return parameter_shards.make_sharded(create(kwargs), shard)
